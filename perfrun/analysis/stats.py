@@ -1,0 +1,125 @@
+"""Summary statistics that cannot contradict themselves.
+
+Paddle's step timer prints an average above its own maximum (it divides by a
+count that is off by one) and can leave its minimum at infinity when nothing
+was timed. Users stop trusting a profiler the first time its table is
+inconsistent, so every `Stats` here guarantees `min <= median <= max`,
+`min <= avg <= max`, and no infinities: an empty sample gives `None`
+everywhere, which the renderers print as "-".
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Count, total and spread of one quantity over a set of steps.
+
+    `stdev` is the sample standard deviation (n - 1 in the denominator), 0.0
+    for a single value: step times are a sample of what the loop would do if
+    it ran longer, not the whole population.
+    """
+
+    n: int = 0
+    total: Optional[float] = None
+    avg: Optional[float] = None
+    max: Optional[float] = None
+    min: Optional[float] = None
+    median: Optional[float] = None
+    stdev: Optional[float] = None
+
+    @classmethod
+    def of(cls, values: Iterable[Optional[float]]) -> Stats:
+        """Statistics of `values`, ignoring `None` and non-finite entries.
+
+        A NaN or infinity can only come from a broken clock or a division by
+        a zero-length step; dropping it keeps one bad record from turning a
+        whole column into NaN, and the count `n` says how many values were
+        actually used.
+        """
+        clean = [float(v) for v in values if v is not None and math.isfinite(v)]
+        n = len(clean)
+        if n == 0:
+            return cls()
+        total = math.fsum(clean)
+        lo = min(clean)
+        hi = max(clean)
+        # total / n can land one ulp outside [lo, hi] (three steps of 0.1 s
+        # average to 0.10000000000000002): clamp, so the printed table can
+        # never show an average above its maximum.
+        avg = _clamp(total / n, lo, hi)
+        median = _clamp(statistics.median(clean), lo, hi)
+        stdev = statistics.stdev(clean) if n > 1 else 0.0
+        return cls(n=n, total=total, avg=avg, max=hi, min=lo, median=median, stdev=stdev)
+
+    @property
+    def empty(self) -> bool:
+        return self.n == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "total": self.total,
+            "avg": self.avg,
+            "max": self.max,
+            "min": self.min,
+            "median": self.median,
+            "stdev": self.stdev,
+        }
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A throughput (steps/s or samples/s): avg over the whole run, max from
+    the fastest step and min from the slowest.
+
+    Not a `Stats`: the average rate is total work over total time, not the
+    mean of per-step rates (which over-weights the fast steps).
+    """
+
+    avg: Optional[float] = None
+    max: Optional[float] = None
+    min: Optional[float] = None
+
+    @classmethod
+    def from_totals(cls, work: float, seconds: float, per_step: Iterable[float]) -> Rate:
+        """`work / seconds` as the average; the per-step rates give max and
+        min. Rates from zero-length steps are infinite and left out rather
+        than printed as `inf`."""
+        rates = [r for r in per_step if math.isfinite(r)]
+        if seconds <= 0 or not math.isfinite(seconds):
+            return cls(max=max(rates) if rates else None, min=min(rates) if rates else None)
+        avg = work / seconds
+        if not rates:
+            return cls(avg=avg)
+        lo, hi = min(rates), max(rates)
+        # Mathematically a time-weighted mean of the per-step rates, so it
+        # lies between them; clamp away the rounding.
+        return cls(avg=_clamp(avg, lo, hi), max=hi, min=lo)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"avg": self.avg, "max": self.max, "min": self.min}
+
+
+def default_warmup(n_steps: int) -> int:
+    """Steps to leave out of the statistics when the user did not say.
+
+    The first steps pay for lazy initialisation (CUDA context, cuDNN
+    autotuning, allocator growth, DataLoader workers filling their queues).
+    A tenth of the run, at least one and at most five, removes that without
+    throwing away much of a short run; runs of fewer than three steps keep
+    every step, since dropping one would leave almost nothing.
+    """
+    if n_steps < 3:
+        return 0
+    return min(5, max(1, n_steps // 10))
+
+
+def _clamp(value: float, lo: float, hi: float) -> float:
+    return lo if value < lo else hi if value > hi else value

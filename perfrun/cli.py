@@ -1,0 +1,377 @@
+"""The command line: parse, call the API, map errors to an ExitCode.
+
+`main(argv) -> int` is testable in-process; `console_main()` is the console
+entry point (it also survives `perfrun ... | head` closing the pipe).
+
+perfrun reads its own options before the script *and* right after it, so
+`perfrun --scheduler 100 110 train.py --lr 0.1` and
+`perfrun train.py --scheduler 100 110` both work. After the script only long
+options count (scripts often use `-c`, `-o` themselves); the first argument
+that is not one of them, or a `--`, starts the script's own arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+import click
+
+from . import __version__
+from .exitcodes import ExitCode
+from .settings import FORMATS, STEP_ON, Settings, SettingsError, load_config, parse_override
+
+COMMANDS = ("run", "report")
+# Long options that may not follow the script (they change how it is found).
+_BEFORE_SCRIPT_ONLY = {"--override", "--module"}
+
+
+class UsageError(Exception):
+    """A one-line command-line error, exit 2."""
+
+
+def _run_options(f: Any) -> Any:
+    options = [
+        click.option(
+            "-m",
+            "--module",
+            metavar="MODULE",
+            help="Run a library module as a script, like python -m.",
+        ),
+        click.option(
+            "--timer-only",
+            is_flag=True,
+            help="Baseline mode: wall-clock phase timers only (reader_cost, batch_cost, ips).",
+        ),
+        click.option(
+            "--scheduler",
+            nargs=2,
+            type=int,
+            metavar="START END",
+            default=None,
+            help="Detailed window on steps [START, END).",
+        ),
+        click.option(
+            "--log-dir",
+            metavar="DIR",
+            default=None,
+            help="Where runs are saved (default ./perfrun_log); one folder per run, "
+            "and a `latest` link.",
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            metavar="FILE",
+            default=None,
+            help="YAML file with a Profiler: section (the training config itself will do).",
+        ),
+        click.option(
+            "-o",
+            "--override",
+            "overrides",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Override a config key, e.g. -o Profiler.scheduler=[100,110].",
+        ),
+        click.option(
+            "--nproc-per-node",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Launch N ranks per node through torch.distributed.run.",
+        ),
+        click.option(
+            "--nnodes", default=None, metavar="N|MIN:MAX", help="torchrun: number of nodes."
+        ),
+        click.option("--node-rank", type=int, default=None, help="torchrun: this node's rank."),
+        click.option("--master-addr", default=None, help="torchrun: master address."),
+        click.option("--master-port", type=int, default=None, help="torchrun: master port."),
+        click.option("--rdzv-backend", default=None, help="torchrun: rendezvous backend."),
+        click.option("--rdzv-endpoint", default=None, help="torchrun: rendezvous endpoint."),
+        click.option("--rdzv-id", default=None, help="torchrun: rendezvous id."),
+        click.option("--nsys", is_flag=True, help="Run under Nsight Systems, one report per rank."),
+        click.option(
+            "--nsys-args", default=None, metavar="ARGS", help="Extra arguments for `nsys profile`."
+        ),
+        click.option(
+            "--step-on",
+            type=click.Choice(STEP_ON),
+            default=None,
+            help="What ends a step (default auto: the optimizer step, else each cycle "
+            "of the phases the script has).",
+        ),
+        click.option(
+            "--warmup",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Steps left out of the statistics (default: 1 to 5, by run length; printed).",
+        ),
+        click.option(
+            "--batch-size",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Samples per step (default: inferred from the DataLoader's batches).",
+        ),
+        click.option(
+            "--stop-after",
+            type=int,
+            default=None,
+            metavar="N",
+            help="End the script cleanly after N steps and report.",
+        ),
+        click.option("--no-nvtx", is_flag=True, help="Do not emit NVTX ranges."),
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(FORMATS),
+            default=None,
+            help="What is printed: table (default), json or markdown.",
+        ),
+        click.option(
+            "--output",
+            metavar="FILE",
+            default=None,
+            help="Write the report to FILE instead of standard output.",
+        ),
+        click.option("--flush-interval", type=float, default=None, hidden=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="perfrun")
+def cli() -> None:
+    """Profile an unmodified PyTorch training script.
+
+    \b
+    perfrun train.py --scheduler 100 110      detailed window on steps [100, 110)
+    perfrun --timer-only train.py             cheap baseline: reader_cost, batch_cost, ips
+    perfrun --nproc-per-node 8 train.py       under torch.distributed, per-rank results
+    perfrun report perfrun_log                re-print the tables of the latest run
+    """
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True})
+@_run_options
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run_command(**kwargs: Any) -> int:
+    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) and print where its time went."""
+    from . import api
+
+    settings = settings_from_options(kwargs)
+    obj = click.get_current_context().obj or {}
+    return api.run_and_report(settings, command_line=obj.get("command_line"))
+
+
+@cli.command("report")
+@click.argument("log_dir", default="perfrun_log")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table")
+@click.option("--output", metavar="FILE", default=None)
+@click.option("--warmup", type=int, default=None, metavar="N")
+def report_command(log_dir: str, fmt: str, output: Optional[str], warmup: Optional[int]) -> int:
+    """Re-print the tables of a finished run (a run folder, or a log folder's latest run)."""
+    from . import api
+
+    return api.report(log_dir, fmt=fmt, output=output, warmup=warmup)
+
+
+def settings_from_options(opts: dict[str, Any]) -> Settings:
+    """Config file, then -o overrides, then command-line options."""
+    changes: dict[str, Any] = {}
+    if opts.get("config_file"):
+        changes.update(load_config(opts["config_file"]))
+    for text in opts.get("overrides") or ():
+        changes.update(parse_override(text))
+    direct = {
+        "module": opts.get("module"),
+        "scheduler": tuple(opts["scheduler"]) if opts.get("scheduler") else None,
+        "log_dir": opts.get("log_dir"),
+        "nproc_per_node": opts.get("nproc_per_node"),
+        "nnodes": opts.get("nnodes"),
+        "node_rank": opts.get("node_rank"),
+        "master_addr": opts.get("master_addr"),
+        "master_port": opts.get("master_port"),
+        "rdzv_backend": opts.get("rdzv_backend"),
+        "rdzv_endpoint": opts.get("rdzv_endpoint"),
+        "rdzv_id": opts.get("rdzv_id"),
+        "nsys_args": opts.get("nsys_args"),
+        "step_on": opts.get("step_on"),
+        "warmup": opts.get("warmup"),
+        "batch_size": opts.get("batch_size"),
+        "stop_after": opts.get("stop_after"),
+        "format": opts.get("fmt"),
+        "output": opts.get("output"),
+        "flush_interval": opts.get("flush_interval"),
+    }
+    changes.update({k: v for k, v in direct.items() if v is not None})
+    if opts.get("timer_only"):
+        changes["timer_only"] = True
+    if opts.get("nsys"):
+        changes["nsys"] = True
+    if opts.get("no_nvtx"):
+        changes["nvtx"] = False
+    if opts.get("script") is not None:
+        if opts.get("module"):
+            # With -m, what click took for the script is the first argument.
+            changes["script_args"] = (opts["script"], *opts.get("script_args", ()))
+        else:
+            changes["script"] = opts["script"]
+            changes["script_args"] = tuple(opts.get("script_args", ()))
+    else:
+        changes["script_args"] = tuple(opts.get("script_args", ()))
+    if "script" not in changes and not changes.get("module"):
+        raise UsageError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...] or -m MODULE")
+    return Settings().replace(**changes).validate()
+
+
+# -- argv splitting ------------------------------------------------------------
+
+
+def _option_table() -> dict[str, int]:
+    """Each run option spelling -> number of values it takes."""
+    table: dict[str, int] = {}
+    for param in run_command.params:
+        if isinstance(param, click.Option):
+            takes = 0 if param.is_flag else param.nargs
+            for name in param.opts + param.secondary_opts:
+                table[name] = takes
+    table["--help"] = table["-h"] = 0
+    return table
+
+
+def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split `run` arguments into (options before, options after the script,
+    [script-or-module, script args...]). Raises UsageError with a one-line
+    message."""
+    table = _option_table()
+    before: list[str] = []
+    i = 0
+    target: list[str] = []
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        name, eq, _ = arg.partition("=")
+        if arg.startswith("-") and name in table:
+            takes = 0 if eq else table[name]
+            if name in ("-m", "--module"):
+                if i + 1 >= len(argv) and not eq:
+                    raise UsageError("-m needs a module name")
+                before.append(arg if eq else f"--module={argv[i + 1]}")
+                i += 1 if eq else 2
+                break
+            before.extend(argv[i : i + 1 + takes])
+            i += 1 + takes
+            continue
+        if arg.startswith("-") and arg != "-":
+            raise UsageError(f"no such option: {arg} (perfrun options go before the script)")
+        break
+    module_given = any(a.startswith("--module=") for a in before)
+    if not module_given:
+        if i >= len(argv):
+            return before, [], []
+        target = [argv[i]]
+        i += 1
+    after: list[str] = []
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        name, eq, _ = arg.partition("=")
+        if name.startswith("--") and name in table and name not in _BEFORE_SCRIPT_ONLY:
+            takes = 0 if eq else table[name]
+            after.extend(argv[i : i + 1 + takes])
+            i += 1 + takes
+            continue
+        break
+    return before, after, target + argv[i:]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run perfrun; return the exit status (the script's own for `run`)."""
+    if argv is None:
+        argv = sys.argv[1:]
+    command_line = ["perfrun", *argv]
+    if argv and argv[0] in COMMANDS:
+        command, rest = argv[0], argv[1:]
+    elif not argv or argv[0] in ("-h", "--help", "--version"):
+        command, rest = "", argv
+    else:
+        command, rest = "run", argv
+    try:
+        if command == "run" and not any(a in ("-h", "--help") for a in _leading_options(rest)):
+            before, after, target = split_run_argv(rest)
+            if not target and not any(a.startswith("--module=") for a in before):
+                raise UsageError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...]")
+            args = ["run", *before, *after, "--", *target]
+            try:
+                return _invoke(args, command_line)
+            except click.BadParameter as exc:
+                raise _collision_hint(exc, after, target) from None
+            except click.UsageError as exc:
+                raise _collision_hint(exc, after, target) from None
+        return _invoke(([command] if command else []) + rest, command_line)
+    except UsageError as exc:
+        click.echo(f"perfrun: error: {exc}", err=True)
+        return ExitCode.USAGE
+    except click.UsageError as exc:
+        click.echo(f"perfrun: error: {exc.format_message()}", err=True)
+        return ExitCode.USAGE
+    except SettingsError as exc:
+        click.echo(f"perfrun: error: {exc}", err=True)
+        return ExitCode.CONFIG
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.Abort:
+        return 130
+
+
+def _leading_options(argv: list[str]) -> list[str]:
+    out = []
+    for arg in argv:
+        if not arg.startswith("-") or arg == "--":
+            break
+        out.append(arg)
+    return out
+
+
+def _collision_hint(exc: click.UsageError, after: list[str], target: list[str]) -> UsageError:
+    message = exc.format_message()
+    if after and target:
+        script = target[0]
+        opts = " ".join(a for a in after if a.startswith("--"))
+        return UsageError(
+            f"{message}; {opts} after {script} was read as perfrun's option. If it is the "
+            f"script's own, put it after --: perfrun {script} -- {' '.join(after)}"
+        )
+    return UsageError(message)
+
+
+def _invoke(args: list[str], command_line: list[str]) -> int:
+    result = cli.main(
+        args=args, prog_name="perfrun", standalone_mode=False, obj={"command_line": command_line}
+    )
+    return int(result) if isinstance(result, int) else 0
+
+
+def console_main() -> None:
+    """Console entry point: exit with main()'s status; a closed stdout
+    (`perfrun ... | head`) ends quietly rather than with a traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

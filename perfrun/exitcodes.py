@@ -1,0 +1,34 @@
+"""The exit codes perfrun itself returns.
+
+`perfrun run` without a gate passes the script's own exit status through
+unchanged (a script killed by signal N makes perfrun die by N too), so these
+codes only appear when perfrun, not the script, has something to say. They are
+chosen above the range scripts commonly use and below the 126+ range shells
+reserve, so "perfrun refused the input" can never be mistaken for "the script
+exited 1".
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Every status perfrun can return on its own account."""
+
+    #: Everything worked (or, for `perfrun run`, the script's own status 0).
+    OK = 0
+    #: The command line could not be parsed (click's own convention).
+    USAGE = 2
+    #: A configuration problem found before anything ran: bad YAML, unknown
+    #: key, bad scheduler window, unwritable log directory, missing nsys.
+    CONFIG = 64
+    #: The script or module to profile does not exist.
+    NO_SCRIPT = 65
+    #: Results could not be read: missing, truncated or of an unknown version.
+    BAD_RESULTS = 66
+    #: The run produced no measurement: no rank wrote results, or no training
+    #: step was seen (gates and `report` only; `run` passes the script's code).
+    NO_MEASUREMENT = 67
+    #: perfrun itself failed unexpectedly (a bug: please report it).
+    INTERNAL = 70

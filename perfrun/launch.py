@@ -1,0 +1,225 @@
+"""Build the child command (plain python, torchrun, nsys), start it, forward
+signals, and return its exit status.
+
+perfrun stays the parent: the script runs in a child started with Popen and
+inherits stdin, stdout and stderr, so what it prints and its tracebacks are
+exactly those of `python script.py`. perfrun itself never imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.machinery
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .results import atomic_write_text
+from .settings import Settings, child_environment
+
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LaunchError(Exception):
+    """A problem found before the script starts. `code` is an ExitCode."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Outcome:
+    run_dir: str
+    returncode: int
+    command: list[str]
+    elapsed: float
+
+
+def check_target(settings: Settings) -> None:
+    from .exitcodes import ExitCode
+
+    if settings.script is not None:
+        if not os.path.exists(settings.script):
+            raise LaunchError(f"script not found: {settings.script}", ExitCode.NO_SCRIPT)
+        if os.path.isdir(settings.script) and not os.path.exists(
+            os.path.join(settings.script, "__main__.py")
+        ):
+            raise LaunchError(
+                f"{settings.script} is a folder with no __main__.py", ExitCode.NO_SCRIPT
+            )
+    elif settings.module is not None:
+        # Look the top-level package up without importing anything.
+        top = settings.module.split(".")[0]
+        search = [os.getcwd()] + [p for p in sys.path if p]
+        if (
+            top not in sys.builtin_module_names
+            and importlib.machinery.PathFinder.find_spec(top, search) is None
+        ):
+            raise LaunchError(f"no module named {settings.module!r}", ExitCode.NO_SCRIPT)
+    else:
+        raise LaunchError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...]", 2)
+    if settings.nsys and shutil.which("nsys") is None:
+        raise LaunchError(
+            "--nsys: the nsys executable (Nsight Systems) is not on PATH; install it or "
+            "drop --nsys",
+            ExitCode.CONFIG,
+        )
+
+
+def prepare_run_dir(log_dir: str) -> str:
+    """Create this run's own folder and point `latest` at it. Fails here,
+    before the script starts, if the folder cannot be written: never after
+    hours of training."""
+    from .exitcodes import ExitCode
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        run_dir = os.path.join(log_dir, f"{stamp}-{os.getpid()}")
+        os.makedirs(run_dir, exist_ok=False)
+        probe = os.path.join(run_dir, ".probe")
+        with open(probe, "w") as f:
+            f.write("x" * 4096)
+        os.unlink(probe)
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot write to the log folder {log_dir}: {exc.strerror or exc}", ExitCode.CONFIG
+        ) from None
+    latest = os.path.join(log_dir, "latest")
+    try:
+        tmp = latest + f".tmp{os.getpid()}"
+        os.symlink(os.path.basename(run_dir), tmp)
+        os.replace(tmp, latest)
+    except OSError:
+        pass  # a filesystem without links: `perfrun report` takes the run folder
+    return run_dir
+
+
+def expected_ranks(settings: Settings) -> int:
+    if not settings.distributed:
+        return 1
+    nproc = settings.nproc_per_node or 1
+    try:
+        nnodes = int(settings.nnodes) if settings.nnodes else 1
+    except ValueError:
+        nnodes = 1  # an elastic range "MIN:MAX": this node's ranks only
+    return nproc * nnodes if nnodes == 1 else nproc
+
+
+def build_command(settings: Settings, run_dir: str) -> list[str]:
+    target = [settings.script] if settings.script is not None else ["-m", str(settings.module)]
+    target += list(settings.script_args)
+    nsys: list[str] = []
+    if settings.nsys:
+        out = os.path.join(run_dir, "nsys", "rank%q{RANK}" if settings.distributed else "rank0")
+        nsys = [
+            "nsys",
+            "profile",
+            "--trace=cuda,nvtx,osrt",
+            "--sample=none",
+            f"--output={out}",
+            "--force-overwrite=true",
+            *shlex.split(settings.nsys_args),
+        ]
+    if not settings.distributed:
+        return [*nsys, sys.executable, *target]
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    flags = (
+        ("--nproc-per-node", settings.nproc_per_node),
+        ("--nnodes", settings.nnodes),
+        ("--node-rank", settings.node_rank),
+        ("--master-addr", settings.master_addr),
+        ("--master-port", settings.master_port),
+        ("--rdzv-backend", settings.rdzv_backend),
+        ("--rdzv-endpoint", settings.rdzv_endpoint),
+        ("--rdzv-id", settings.rdzv_id),
+    )
+    for flag, value in flags:
+        if value is not None:
+            run += [flag, str(value)]
+    if nsys:
+        # nsys inside each worker, so each rank gets its own report file.
+        return [*run, "--no-python", *nsys, sys.executable, *target]
+    return [*run, *target]
+
+
+def _terminal_owns_sigint() -> bool:
+    """Ctrl-C in a terminal already reaches the child (same process group);
+    forwarding it again would deliver it twice."""
+    try:
+        fd = sys.stdin.fileno()
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome:
+    check_target(settings)
+    run_dir = prepare_run_dir(settings.log_dir)
+    if settings.nsys:
+        os.makedirs(os.path.join(run_dir, "nsys"), exist_ok=True)
+    cmd = build_command(settings, run_dir)
+    env = child_environment(settings, run_dir, BOOT_DIR)
+    payload = json.loads(env["PERFRUN_SETTINGS"])
+    payload["launcher"] = "torchrun" if settings.distributed else "python"
+    payload["package_root"] = PACKAGE_ROOT
+    payload["command"] = command_line
+    env["PERFRUN_SETTINGS"] = json.dumps(payload)
+    meta: dict[str, Any] = {
+        "command": command_line,
+        "child": cmd,
+        "expected_ranks": expected_ranks(settings),
+        "launcher": payload["launcher"],
+        "started": time.time(),
+    }
+    atomic_write_text(os.path.join(run_dir, "run.json"), json.dumps(meta, indent=1))
+
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env)
+    forwarded: dict[int, Any] = {}
+
+    def forward(signum: int, frame: Any) -> None:
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        if sig == signal.SIGINT and _terminal_owns_sigint():
+            forwarded[sig] = signal.signal(sig, signal.SIG_IGN)
+        else:
+            forwarded[sig] = signal.signal(sig, forward)
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)
+    elapsed = time.monotonic() - start
+    meta.update({"returncode": returncode, "elapsed": elapsed})
+    atomic_write_text(os.path.join(run_dir, "run.json"), json.dumps(meta, indent=1))
+    return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed)
+
+
+def exit_like(returncode: int) -> int:
+    """Exit the way the child did: a child killed by signal N kills us with N
+    too (shells then show 128+N); otherwise return its status."""
+    if returncode < 0:
+        signum = -returncode
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        except (OSError, ValueError):
+            pass
+        return 128 + signum
+    return returncode

@@ -1,0 +1,291 @@
+"""The report's content as format-neutral blocks of text.
+
+The terminal tables and the Markdown must say the same thing; deciding what
+goes in each cell once, here, and leaving the renderers only the layout is
+what keeps them from drifting apart. Numbers are formatted here too, so a
+value prints identically in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from perfrun.analysis.stats import Rate, Stats
+from perfrun.analysis.summary import (
+    PHASE_TITLES,
+    RANK_QUANTITIES,
+    DeviceSummary,
+    ModelSummary,
+    MultiRankSummary,
+    PerfSummary,
+    Report,
+)
+from perfrun.results import PHASES
+
+DASH = "-"
+
+
+# -- numbers ------------------------------------------------------------------
+
+
+def time_unit(seconds: Optional[float], *, coarse: str = "s") -> tuple[str, float]:
+    """A unit in which `seconds` prints with useful digits.
+
+    Steps of a small inference loop take tens of microseconds: in seconds
+    with five decimals they would print as 0.00004, one significant digit.
+    """
+    units = [("s", 1.0), ("ms", 1e3), ("us", 1e6)]
+    start = [u for u, _ in units].index(coarse)
+    candidates = units[start:]
+    if seconds is None or seconds <= 0:
+        return candidates[0]
+    for unit, factor in candidates:
+        if seconds * factor >= (0.01 if unit == "s" else 1.0):
+            return unit, factor
+    return candidates[-1]
+
+
+def fmt_num(value: Optional[float], decimals: int, factor: float = 1.0) -> str:
+    if value is None:
+        return DASH
+    return f"{value * factor:.{decimals}f}"
+
+
+def fmt_percent(value: Optional[float], decimals: int = 1) -> str:
+    return DASH if value is None else f"{value:.{decimals}f}"
+
+
+def fmt_bytes(value: Optional[int]) -> str:
+    if value is None:
+        return DASH
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024.0:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024.0
+    return f"{size:.1f} TiB"
+
+
+def _ranks_phrase(ranks: tuple[int, ...]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# -- blocks --------------------------------------------------------------------
+
+
+@dataclass
+class Column:
+    header: str
+    align: str = "right"
+
+
+@dataclass
+class TableBlock:
+    """A titled table. `strong` rows are printed bold in a terminal;
+    `breaks` are row indices that start a new section (a rule above them).
+    `groups`, when set, are column index lists a too-narrow terminal may
+    print as separate tables, each after the first `key_columns` columns."""
+
+    key: str
+    title: str
+    info: list[str]
+    columns: list[Column]
+    rows: list[list[str]]
+    footer: list[str] = field(default_factory=list)
+    strong: set[int] = field(default_factory=set)
+    breaks: set[int] = field(default_factory=set)
+    key_columns: int = 1
+    groups: Optional[list[list[int]]] = None
+
+
+@dataclass
+class LinesBlock:
+    """Sentences: the title, notes, problems. `level` is "info", "warning"
+    or "error" and only changes colour in a terminal."""
+
+    key: str
+    title: Optional[str]
+    lines: list[str]
+    level: str = "info"
+    bullets: bool = True
+
+
+@dataclass
+class TitleBlock:
+    heading: str
+    entries: list[tuple[str, str]]
+    code_labels: tuple[str, ...] = ("Command", "Results")
+
+
+Block = Union[TitleBlock, LinesBlock, TableBlock]
+
+
+def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: int = 2) -> str:
+    parts = [fmt_num(v, decimals, factor) for v in (stats.total, stats.avg, stats.max, stats.min)]
+    parts.append(fmt_percent(ratio, 2))
+    return " / ".join(parts)
+
+
+def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
+    unit, factor = time_unit(perf.batch_cost.max)
+    info = [f"time unit: {unit}, ips unit: steps/s"]
+    if perf.reader_ratio is not None:
+        info.append(f"Reader Ratio: {perf.reader_ratio * 100:.3f}%")
+    info.append(f"warm-up steps excluded: {warmup}")
+    if window_steps:
+        info.append(f"window steps excluded: {window_steps}")
+
+    def time_row(name: str, s: Stats) -> list[str]:
+        return [name] + [fmt_num(v, 5, factor) for v in (s.avg, s.max, s.min)]
+
+    def rate_row(name: str, r: Rate) -> list[str]:
+        return [name] + [fmt_num(v, 5) for v in (r.avg, r.max, r.min)]
+
+    rows = [
+        time_row("reader_cost", perf.reader_cost),
+        time_row("batch_cost", perf.batch_cost),
+        rate_row("ips", perf.ips),
+    ]
+    if perf.samples_ips is not None:
+        rows.append(rate_row("ips (samples/s)", perf.samples_ips))
+    columns = [Column("", "left"), Column("avg"), Column("max"), Column("min")]
+    return TableBlock("perf", "Perf Summary", ["   ".join(info)], columns, rows)
+
+
+def model_block(model: ModelSummary) -> TableBlock:
+    step_avg = model.row("ProfileStep").cpu.avg
+    unit, factor = time_unit(step_avg, coarse="ms")
+    info = [
+        f"time unit: {unit}   Avg / Max / Min: per step ({plural(model.steps, 'step')})   "
+        "Ratio(%): share of ProfileStep"
+    ]
+    columns = [Column("Name", "left"), Column("Calls"),
+               Column("CPU Total / Avg / Max / Min / Ratio(%)", "left")]
+    if model.has_gpu:
+        columns.append(Column("GPU Total / Avg / Max / Min / Ratio(%)", "left"))
+    rows = []
+    for row in model.rows:
+        name = row.name if row.is_step else "  " + row.name
+        cells = [name, DASH if row.calls is None else str(row.calls),
+                 _stats_cell(row.cpu, row.cpu_ratio, factor)]
+        if model.has_gpu:
+            cells.append(
+                _stats_cell(row.gpu, row.gpu_ratio, factor) if row.gpu is not None else DASH
+            )
+        rows.append(cells)
+    groups = [[2], [3]] if model.has_gpu else None
+    return TableBlock("model", "Model Summary", info, columns, rows, strong={0},
+                      key_columns=2, groups=groups)
+
+
+def _rank_status(status: str) -> str:
+    # After the run, "running" means the rank never wrote its final record.
+    return {"running": "died", "missing": "no results"}.get(status, status)
+
+
+def ranks_block(ranks: MultiRankSummary) -> TableBlock:
+    typical = ranks.across["step"].median
+    unit, factor = time_unit(typical, coarse="ms")
+    hosts = {r.hostname for r in ranks.rows if r.hostname}
+    multi_host = len(hosts) > 1
+    columns = [Column("Rank", "left")]
+    if multi_host:
+        columns.append(Column("Host", "left"))
+    columns += [Column("Status", "left"), Column("Steps"), Column("Step")]
+    columns += [Column(PHASE_TITLES[p]) for p in PHASES] + [Column("Others")]
+    rows = []
+    for r in ranks.rows:
+        cells = [str(r.rank)]
+        if multi_host:
+            cells.append(r.hostname or DASH)
+        cells += [_rank_status(r.status), str(r.steps) if r.status != "missing" else DASH]
+        cells.append(fmt_num(r.step_avg, 2, factor))
+        cells += [fmt_num(r.phase_avg[p], 2, factor) for p in PHASES]
+        cells.append(fmt_num(r.others_avg, 2, factor))
+        rows.append(cells)
+    first_summary = len(rows)
+    for label, attr in (("min", "min"), ("median", "median"), ("max", "max")):
+        cells = [label] + ([""] if multi_host else []) + ["", ""]
+        cells += [fmt_num(getattr(ranks.across[q], attr), 2, factor) for q in RANK_QUANTITIES]
+        rows.append(cells)
+    footer = []
+    if ranks.slowest is not None:
+        s = ranks.slowest
+        footer.append(
+            f"Slowest rank: {s.rank}, {fmt_num(s.step_avg, 2, factor)} {unit} a step, "
+            f"{s.percent_slower:.1f}% slower than the median ({fmt_num(s.median, 2, factor)} "
+            f"{unit})"
+        )
+    info = [f"time unit: {unit}; averages per step after warm-up; min / median / max across ranks"]
+    return TableBlock("ranks", "Ranks", info, columns, rows, footer=footer,
+                      strong=set(range(first_summary, len(rows))), breaks={first_summary})
+
+
+def device_block(device: DeviceSummary, world_size: int) -> TableBlock:
+    multi_host = len(device.hosts) > 1
+    rows = []
+    footer = []
+    for host in device.hosts:
+        prefix = f"{host.hostname} " if multi_host else ""
+        proc = f"{prefix}CPU(Process)" + (f" rank {host.rank}" if world_size > 1 else "")
+        rows.append([proc, fmt_percent(host.cpu_process_avg), fmt_percent(host.cpu_process_max),
+                     f"peak RSS {fmt_bytes(host.rss_peak_bytes)}"])
+        rows.append([f"{prefix}CPU(System)", fmt_percent(host.cpu_system_avg),
+                     fmt_percent(host.cpu_system_max), ""])
+        for gpu in host.gpus:
+            memory = f"max {fmt_bytes(gpu.mem_used_max)} of {fmt_bytes(gpu.mem_total)}"
+            rows.append([f"{prefix}GPU{gpu.index} {gpu.name}", fmt_percent(gpu.util_avg),
+                         fmt_percent(gpu.util_max), memory])
+    footer.append(
+        "CPU(Process) is the process's CPU time over all cores, so it can reach "
+        "100% x the number of cores; CPU(System) is the whole machine, 0-100%."
+    )
+    columns = [Column("Device", "left"), Column("Util avg (%)"), Column("Util max (%)"),
+               Column("Memory", "left")]
+    return TableBlock("device", "Device Summary", [], columns, rows, footer=footer)
+
+
+def blocks(report: Report) -> list[Block]:
+    """The report, top to bottom, as every text renderer prints it."""
+    out: list[Block] = [TitleBlock("perfrun", report.title.entries())]
+    if report.problem:
+        out.append(LinesBlock("problem", None, [f"perfrun: {report.problem}"], "error", False))
+    if report.perf is not None:
+        out.append(perf_block(report.perf, report.title.warmup, report.title.window_steps))
+    if report.model is not None and report.show("model"):
+        out.append(model_block(report.model))
+    if report.ranks is not None and report.show("dist"):
+        out.append(ranks_block(report.ranks))
+    if report.device is not None and report.show("device"):
+        out.append(device_block(report.device, report.title.world_size))
+    if report.extras:
+        lines = []
+        for e in report.extras:
+            unit, factor = time_unit(e.time)
+            detail = f" ({e.detail})" if e.detail else ""
+            lines.append(
+                f"{e.name}: {plural(e.calls, 'call')}, {fmt_num(e.time, 3, factor)} {unit}{detail}"
+            )
+        out.append(LinesBlock("extras", "Outside the steps (whole run)", lines))
+    if report.problems:
+        out.append(LinesBlock("problems", "Ranks with problems", list(report.problems), "warning"))
+    if report.faults:
+        multi = report.title.world_size > 1
+        lines = [
+            str(f) + (f" on {_ranks_phrase(f.ranks)}" if multi and f.ranks else "")
+            for f in report.faults
+        ]
+        out.append(
+            LinesBlock("faults", "perfrun's own hooks failed (the script was not affected)",
+                       lines, "warning")
+        )
+    if report.notes:
+        out.append(LinesBlock("notes", "Notes", list(report.notes)))
+    return out

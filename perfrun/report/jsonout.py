@@ -1,0 +1,29 @@
+"""The report as one JSON document, for scripts and dashboards.
+
+Numbers are raw (seconds, fractions, bytes, unrounded) under stable keys;
+formatting is the reader's business. The document is always strict JSON:
+a non-finite float, which `json.dumps` would write as the non-standard
+`NaN` / `Infinity`, becomes null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from perfrun.analysis.summary import Report
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(_finite(report.to_dict()), indent=2, sort_keys=True, allow_nan=False)

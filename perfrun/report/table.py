@@ -1,0 +1,111 @@
+"""Terminal tables (rich), in the shapes Paddle's profiler prints.
+
+The same output goes to terminals and to CI logs: when the stream is not a
+terminal there are no colours and the width is fixed, so a log file reads the
+same on every machine and a test can compare it.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Optional
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from perfrun.analysis.summary import Report
+from perfrun.report.common import LinesBlock, TableBlock, TitleBlock, blocks
+
+#: Width used when the output is not a terminal (a pipe, a file, CI).
+PIPE_WIDTH = 120
+
+_LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red"}
+
+
+def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) -> Console:
+    """A console for `stream` that never emits escape codes into a pipe.
+
+    Rich already drops colours for non-terminals, but it takes the width from
+    `COLUMNS` or falls back to 80, which wraps the Model Summary; a fixed
+    width keeps logs stable and readable.
+    """
+    is_tty = bool(stream is not None and getattr(stream, "isatty", None) and stream.isatty())
+    if stream is None:
+        import sys
+
+        stream = sys.stdout
+        is_tty = stream.isatty()
+    return Console(
+        file=stream,
+        width=width if width is not None else (None if is_tty else PIPE_WIDTH),
+        color_system="auto" if is_tty else None,
+        force_terminal=is_tty,
+        no_color=not is_tty,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=False,
+    )
+
+
+def _table(block: TableBlock, columns: list[int]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    for i in columns:
+        col = block.columns[i]
+        table.add_column(
+            Text(col.header, style="bold"),
+            justify="left" if col.align == "left" else "right",
+            no_wrap=i < block.key_columns,
+        )
+    for index, row in enumerate(block.rows):
+        style = "bold" if index in block.strong else None
+        if index in block.breaks and index > 0:
+            table.add_section()
+        table.add_row(*(Text(row[i]) for i in columns), style=style)
+    return table
+
+
+def _tables(block: TableBlock, console: Console) -> list[Table]:
+    """One table, or, when it does not fit the console, one per column group
+    (the Model Summary's CPU and GPU halves), so nothing wraps mid-number."""
+    every = list(range(len(block.columns)))
+    whole = _table(block, every)
+    if block.groups is None:
+        return [whole]
+    # Measure without the console's limit: rich clamps a measurement to the
+    # width it is given, which would make every table appear to fit.
+    wide = console.options.update_width(10_000)
+    if console.measure(whole, options=wide).maximum <= console.width:
+        return [whole]
+    key = list(range(block.key_columns))
+    return [_table(block, key + group) for group in block.groups]
+
+
+def render_table(report: Report, console: Console) -> None:
+    for block in blocks(report):
+        if isinstance(block, TitleBlock):
+            for label, text in block.entries:
+                line = Text()
+                line.append(f"{label}: ", style="bold")
+                line.append(text)
+                console.print(line)
+            console.print()
+        elif isinstance(block, LinesBlock):
+            style = _LEVEL_STYLE.get(block.level, "")
+            if block.title:
+                console.print(Text(block.title, style="bold " + style if style else "bold"))
+            for line in block.lines:
+                prefix = "  - " if block.bullets else ""
+                console.print(Text(prefix + line, style=style))
+            console.print()
+        else:
+            heading = Text(block.title, style="bold")
+            for info in block.info:
+                heading.append("   " + info, style="dim")
+            console.print(heading)
+            for table in _tables(block, console):
+                console.print(table)
+            for line in block.footer:
+                console.print(Text(line))
+            console.print()

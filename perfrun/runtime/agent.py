@@ -1,0 +1,406 @@
+"""The in-process lifecycle: start in a rank, hook torch when the script
+imports it, flush results during the run, save them at exit or on SIGTERM.
+
+Started by the boot `sitecustomize` before the script runs. Everything here
+must leave the script's behaviour alone: perfrun's own faults are recorded in
+the results and reported by the launcher after the run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+import time
+from time import perf_counter
+from typing import Any, Callable, Optional
+
+from .. import __version__
+from ..results import COL, FORMAT, STEP_COLUMNS, VERSION, atomic_write_text, rank_filename
+from ..settings import Settings
+from . import hooks
+from .clock import PhaseClock
+from .device import DeviceSampler
+from .hooks import OFF, HookState
+from .steps import StepTracker
+
+_GPU_COL = COL["gpu_dataloader"]
+_SAMPLES_COL = COL["samples"]
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """Runs a callback right after `import torch` finishes (a post-import
+    hook), so a script that never imports torch never pays for perfrun."""
+
+    def __init__(self, callback: Callable[[Any], None]) -> None:
+        self.callback = callback
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        loader = spec.loader
+        original = loader.exec_module
+        callback = self.callback
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            callback(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+class Agent:
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.settings = Settings.from_json(json.dumps(payload))
+        self.payload = payload
+        env = os.environ
+        self.rank = _int(env.get("RANK"), 0)
+        self.local_rank = _int(env.get("LOCAL_RANK"), 0)
+        self.world_size = _int(env.get("WORLD_SIZE"), 1)
+        self.restart = _int(env.get("TORCHELASTIC_RESTART_COUNT"), 0)
+        self.run_dir = payload["run_dir"]
+        self.path = os.path.join(self.run_dir, rank_filename(self.rank, self.restart))
+        self.t0 = perf_counter()
+        self.t0_unix = time.time()
+        self.hooks_state = HookState()
+        self.tracker = StepTracker(self.settings.step_on, self._step_begin, self._step_end)
+        self.clock = PhaseClock(self.tracker)
+        self.count_samples = self.settings.batch_size is None
+        self.faults: dict[str, list[Any]] = {}
+        self.notes: list[str] = []
+        self.loaders: dict[int, dict[str, Any]] = {}
+        self.status = "running"
+        self.exit: dict[str, Any] = {"exception": None, "signal": None}
+        self.torch: Any = None
+        self.torch_version: Optional[str] = None
+        self.cuda: dict[str, Any] = {}
+        self.gpu_timer: Any = None
+        self.nvtx: Any = None
+        self._cuda_possible = False
+        self._begin_listeners: list[Callable[[int, float], None]] = []
+        self._end_listeners: list[Callable[[int, float, bool], None]] = []
+        self._undo: list[Any] = []
+        self._chunks: list[str] = []
+        self._n_encoded = 0
+        self._write_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._finished = False
+        self._pid = os.getpid()
+        self.sampler: Optional[DeviceSampler] = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self.write()
+        atexit.register(self._atexit)
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        os.register_at_fork(after_in_child=self._forked)
+        sys.meta_path.insert(0, _TorchWatcher(self._on_torch))
+
+    def _on_torch(self, torch: Any) -> None:
+        try:
+            self.torch = torch
+            self.torch_version = str(getattr(torch, "__version__", "?"))
+            self._undo = hooks.install(torch, self)
+            self._setup_gpu_and_nvtx(torch)
+            self.sampler = DeviceSampler(self.notes)
+            self._thread = threading.Thread(
+                target=self._flush_loop, name="perfrun-flush", daemon=True
+            )
+            self._thread.start()
+        except Exception as exc:
+            self.record_fault("setup", exc)
+
+    def _setup_gpu_and_nvtx(self, torch: Any) -> None:
+        if not self.settings.timer_only:
+            try:
+                self._cuda_possible = bool(torch.cuda.is_available())
+            except Exception:
+                self._cuda_possible = False
+        if self.settings.use_nvtx:
+            try:
+                import nvtx
+
+                from .gpu import NvtxRanges
+
+                self.nvtx = NvtxRanges(nvtx)
+                self._begin_listeners.append(self.nvtx.step_begin)
+                self._end_listeners.append(self.nvtx.step_end)
+            except Exception as exc:
+                self.notes.append(f"NVTX ranges off: the nvtx package is unavailable ({exc})")
+        self._update_listener()
+
+    def _update_listener(self) -> None:
+        edges = [x.edge for x in (self.nvtx, self.gpu_timer) if x is not None]
+        if not edges:
+            self.clock.listener = None
+        elif len(edges) == 1:
+            self.clock.listener = edges[0]
+        else:
+            first, second = edges
+
+            def both(kind: int, enter: bool, is_eval: bool) -> None:
+                first(kind, enter, is_eval)
+                second(kind, enter, is_eval)
+
+            self.clock.listener = both
+
+    def _maybe_start_cuda(self) -> None:
+        # CUDA events only once the script itself has initialised CUDA: never
+        # create a context (on the wrong device, before set_device) ourselves.
+        torch = self.torch
+        if not torch.cuda.is_initialized():
+            return
+        self._cuda_possible = False
+        from .gpu import CudaPhaseTimer
+
+        self.gpu_timer = CudaPhaseTimer(torch)
+        self._begin_listeners.append(self.gpu_timer.step_begin)
+        self._end_listeners.append(self.gpu_timer.step_end)
+        self._update_listener()
+        try:
+            self.cuda = {
+                "version": torch.version.cuda,
+                "device": torch.cuda.current_device(),
+                "name": torch.cuda.get_device_name(),
+            }
+        except Exception:
+            pass
+
+    # -- step callbacks (from the tracker) ---------------------------------------
+
+    def _step_begin(self, index: int, t: float) -> None:
+        stop_after = self.settings.stop_after
+        if stop_after is not None and index >= stop_after:
+            self._request_stop()
+        if self._cuda_possible:
+            try:
+                self._maybe_start_cuda()
+            except Exception as exc:
+                self._cuda_possible = False
+                self.record_fault("cuda", exc)
+        for listener in self._begin_listeners:
+            listener(index, t)
+
+    def _step_end(self, index: int, t: float, committed: bool) -> None:
+        if committed and not self.count_samples:
+            self.tracker.rows[index][_SAMPLES_COL] = self.settings.batch_size
+        for listener in self._end_listeners:
+            listener(index, t, committed)
+
+    def _request_stop(self) -> None:
+        """--stop-after: end the script cleanly, as `sys.exit(0)` would, at
+        the start of the first step past the limit."""
+        self.status = "stopped"
+        self.hooks_state.block = OFF
+        self.tracker.open = False
+        raise SystemExit(0)
+
+    # -- called by the hooks ------------------------------------------------------
+
+    def record_fault(self, where: str, exc: BaseException) -> None:
+        entry = self.faults.get(where)
+        if entry is None:
+            self.faults[where] = [1, f"{type(exc).__name__}: {exc}"[:300]]
+        else:
+            entry[0] += 1
+
+    def note_dataloader(self, loader: Any) -> None:
+        key = id(loader)
+        if key in self.loaders:
+            return
+        self.loaders[key] = {
+            "num_workers": getattr(loader, "num_workers", None),
+            "pin_memory": getattr(loader, "pin_memory", None),
+            "persistent_workers": getattr(loader, "persistent_workers", None),
+            "prefetch_factor": getattr(loader, "prefetch_factor", None),
+            "batch_size": getattr(loader, "batch_size", None),
+            "dataset": type(getattr(loader, "dataset", None)).__name__,
+        }
+
+    # -- saving -------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        interval = self.settings.flush_interval
+        while not self._stop.wait(interval):
+            try:
+                if self.sampler is not None:
+                    self.sampler.sample()
+                self.write()
+            except Exception as exc:
+                self.record_fault("flush", exc)
+
+    def _encode_ready(self, final: bool) -> None:
+        rows = self.tracker.rows
+        n = len(rows)
+        ready = n
+        if self.gpu_timer is not None:
+            try:
+                ready = self.gpu_timer.resolve(rows, _GPU_COL)
+            except Exception as exc:
+                self.record_fault("cuda", exc)
+                self.gpu_timer = None
+            if final:
+                ready = n
+        if ready <= self._n_encoded:
+            return
+        t0 = self.t0
+        out = []
+        for row in rows[self._n_encoded : ready]:
+            r = list(row)
+            r[0] = round(r[0] - t0, 7)
+            r[1] = round(r[1] - t0, 7)
+            out.append(r)
+        self._chunks.append(json.dumps(out, separators=(",", ":"))[1:-1])
+        self._n_encoded = ready
+
+    def document(self, final: bool = False) -> str:
+        self._encode_ready(final)
+        device = self.sampler.summary() if self.sampler is not None else None
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "perfrun": __version__,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "restart": self.restart,
+            "status": self.status,
+            "exit": self.exit,
+            "started_unix": self.t0_unix,
+            "elapsed": round(perf_counter() - self.t0, 6),
+            "env": self._env(),
+            "settings": {k: v for k, v in json.loads(self.settings.to_json()).items()},
+            "window": list(self.settings.scheduler) if self.settings.scheduler else None,
+            "torch_imported": self.torch is not None,
+            "gpu": self.gpu_timer is not None,
+            "cuda": self.cuda,
+            "extra": {
+                "dataloader_init": {
+                    "calls": self.tracker.init_calls,
+                    "time": self.tracker.init_time,
+                },
+                "stop_iteration": {
+                    "calls": self.tracker.stop_calls,
+                    "time": self.tracker.stop_time,
+                },
+                "eval": {
+                    "calls": self.tracker.eval_spans,
+                    "forward_calls": self.tracker.eval_forward_calls,
+                    "time": self.tracker.eval_time,
+                },
+            },
+            "dataloaders": list(self.loaders.values()),
+            "device": device,
+            "faults": [{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
+            "notes": list(self.notes),
+            "steps": {"columns": list(STEP_COLUMNS), "rows": "@ROWS@"},
+        }
+        text = json.dumps(doc, default=str)
+        return text.replace('"@ROWS@"', "[" + ",".join(c for c in self._chunks if c) + "]", 1)
+
+    def write(self, final: bool = False) -> None:
+        with self._write_lock:
+            atomic_write_text(self.path, self.document(final), durable=final)
+
+    def _env(self) -> dict[str, Any]:
+        return {
+            "hostname": socket.gethostname(),
+            "pid": self._pid,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": self.torch_version,
+            "argv": list(getattr(sys, "argv", [])),
+            "command": self.payload.get("command"),
+            "cwd": os.getcwd(),
+        }
+
+    def finish(self) -> None:
+        if self._finished or os.getpid() != self._pid:
+            return
+        self._finished = True
+        self.hooks_state.block = OFF
+        self._stop.set()
+        try:
+            self.clock.unwind()
+        except Exception as exc:
+            self.record_fault("finish", exc)
+        self.tracker.finish(perf_counter())
+        if self.gpu_timer is not None:
+            try:
+                self.torch.cuda.synchronize()
+            except Exception:
+                pass
+        if self.status == "running":
+            self.status = "finished"
+        last = getattr(sys, "last_value", None)
+        if last is not None and self.exit["exception"] is None:
+            self.exit["exception"] = type(last).__name__
+        if self.sampler is not None:
+            self.sampler.sample()
+        self.write(final=True)
+
+    def _atexit(self) -> None:
+        try:
+            self.finish()
+        except Exception as exc:  # never let our exit handler change the exit
+            try:
+                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+            except Exception:
+                pass
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.status == "running":
+            self.status = "signalled"
+        self.exit["signal"] = signum
+        self._atexit()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _forked(self) -> None:
+        # A forked child (DataLoader worker) is not a rank: switch off.
+        self.hooks_state.block = OFF
+        self._finished = True
+
+
+def _int(value: Optional[str], default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+_agent: Optional[Agent] = None
+
+
+def boot(payload: dict[str, Any]) -> Agent:
+    global _agent
+    _agent = Agent(payload)
+    _agent.start()
+    return _agent
+
+
+def current() -> Optional[Agent]:
+    return _agent

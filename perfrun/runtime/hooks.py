@@ -1,0 +1,269 @@
+"""The torch patches: DataLoader iterator, module forward, backward,
+optimizer step / zero_grad, GradScaler.
+
+Rules every wrapper follows:
+
+* The original is called exactly once, with the arguments it was given, and
+  its result or exception is passed back untouched: a hook never changes what
+  the script does.
+* perfrun's own code around the call runs under `try/except`; a fault is
+  recorded (and reported after the run), never raised into the script.
+* The hot path is a couple of attribute reads and one clock read per edge.
+  Forward calls nested in another forward, in a fetch (transform modules) or
+  in a backward (activation recomputation) pass straight through after one
+  integer test.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+from .steps import BWD, DATA, FWD, OPT, ZERO
+
+_MARK = "__perfrun_wrapped__"
+
+
+class HookState:
+    """Shared by every wrapper. `block` > 0 means "forward calls here are not
+    outermost": it counts open forwards, fetches and backwards (and is set
+    very high to switch every hook off)."""
+
+    __slots__ = ("block", "main_thread")
+
+    def __init__(self) -> None:
+        self.block = 0
+        self.main_thread = threading.get_ident()
+
+
+OFF = 1 << 30
+
+
+def _mark(wrapper: Callable, original: Callable) -> Callable:
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, _MARK, original)
+    return wrapper
+
+
+def is_wrapped(fn: Any) -> bool:
+    return getattr(fn, _MARK, None) is not None
+
+
+def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
+    """Patch torch for `agent`. Returns (owner, name, original) for each patch
+    so they can be undone (tests, and processes forked after the start)."""
+    import torch.utils.data.dataloader as dataloader_mod
+
+    state: HookState = agent.hooks_state
+    clock = agent.clock
+    tracker = agent.tracker
+    fault = agent.record_fault
+    get_ident = threading.get_ident
+    is_grad_enabled = torch.is_grad_enabled
+    now = clock.now
+    undo: list[tuple[Any, str, Any]] = []
+
+    def patch(owner: Any, name: str, make: Callable[[Any], Callable]) -> None:
+        original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+        if original is None or is_wrapped(original):
+            return
+        setattr(owner, name, _mark(make(original), original))
+        undo.append((owner, name, original))
+
+    # -- forward: the outermost nn.Module call ----------------------------------
+    def make_call(orig_call: Callable) -> Callable:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if state.block or get_ident() != state.main_thread:
+                return orig_call(self, *args, **kwargs)
+            state.block += 1
+            try:
+                clock.enter(FWD, is_grad_enabled(), id(self))
+            except Exception as exc:
+                fault("forward", exc)
+            try:
+                return orig_call(self, *args, **kwargs)
+            finally:
+                state.block -= 1
+                try:
+                    clock.exit()
+                except Exception as exc:
+                    fault("forward", exc)
+
+        return __call__
+
+    patch(torch.nn.Module, "__call__", make_call)
+
+    # -- backward ---------------------------------------------------------------
+    def make_backward(orig: Callable) -> Callable:
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if state.block >= OFF or get_ident() != state.main_thread:
+                return orig(*args, **kwargs)
+            state.block += 1
+            try:
+                clock.enter(BWD)
+            except Exception as exc:
+                fault("backward", exc)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                state.block -= 1
+                try:
+                    clock.exit()
+                except Exception as exc:
+                    fault("backward", exc)
+
+        return backward
+
+    # Tensor.backward calls torch.autograd.backward through the module
+    # attribute, so this one patch sees both spellings.
+    patch(torch.autograd, "backward", make_backward)
+
+    # -- optimizer: step, zero_grad, construction --------------------------------
+    def make_phase(kind: int, where: str) -> Callable[[Callable], Callable]:
+        def make(orig: Callable) -> Callable:
+            def phase(*args: Any, **kwargs: Any) -> Any:
+                if state.block >= OFF or get_ident() != state.main_thread:
+                    return orig(*args, **kwargs)
+                try:
+                    clock.enter(kind, True, id(args[0]) if args else None)
+                except Exception as exc:
+                    fault(where, exc)
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    try:
+                        clock.exit()
+                    except Exception as exc:
+                        fault(where, exc)
+
+            return phase
+
+        return make
+
+    optim = torch.optim.Optimizer
+    make_step = make_phase(OPT, "optimizer.step")
+
+    def patch_step(cls: type) -> None:
+        # Each optimizer class defines its own `step`; wrap it the first time
+        # an instance is built (as torch itself does for its profiler hook).
+        for klass in cls.__mro__:
+            if klass is optim or klass is object:
+                break
+            if "step" in klass.__dict__:
+                patch(klass, "step", make_step)
+
+    def make_init(orig_init: Callable) -> Callable:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(self, *args, **kwargs)
+            try:
+                tracker.optimizer_seen = True
+                patch_step(type(self))
+            except Exception as exc:
+                fault("optimizer.__init__", exc)
+
+        return __init__
+
+    patch(optim, "__init__", make_init)
+    patch(optim, "zero_grad", make_phase(ZERO, "optimizer.zero_grad"))
+    patch(torch.nn.Module, "zero_grad", make_phase(ZERO, "module.zero_grad"))
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is not None:
+        patch(scaler_cls, "step", make_phase(OPT, "GradScaler.step"))
+        patch(scaler_cls, "update", make_phase(ZERO, "GradScaler.update"))
+
+    # -- DataLoader ----------------------------------------------------------------
+    count_samples = agent.count_samples
+    note_loader = agent.note_dataloader
+
+    def make_next(orig_next: Callable) -> Callable:
+        def __next__(self: Any) -> Any:
+            if state.block >= OFF or get_ident() != state.main_thread:
+                return orig_next(self)
+            state.block += 1
+            try:
+                clock.enter(DATA, is_grad_enabled(), None)
+            except Exception as exc:
+                fault("dataloader", exc)
+            try:
+                batch = orig_next(self)
+            except StopIteration:
+                state.block -= 1
+                try:
+                    t1 = now()
+                    top = len(clock.stack) == 1
+                    t0, is_eval = clock.abort()
+                    if top:
+                        tracker.stop_iteration(t0, t1, is_eval)
+                except Exception as exc:
+                    fault("dataloader", exc)
+                raise
+            except BaseException:
+                state.block -= 1
+                try:
+                    clock.exit()
+                except Exception as exc:
+                    fault("dataloader", exc)
+                raise
+            state.block -= 1
+            try:
+                clock.exit()
+                if count_samples and tracker.open and len(clock.stack) == 0:
+                    n = _batch_size(batch)
+                    if n:
+                        tracker.add_samples(n)
+            except Exception as exc:
+                fault("dataloader", exc)
+            return batch
+
+        return __next__
+
+    patch(dataloader_mod._BaseDataLoaderIter, "__next__", make_next)
+
+    def make_iter(orig_iter: Callable) -> Callable:
+        def __iter__(self: Any) -> Any:
+            if state.block >= OFF or get_ident() != state.main_thread:
+                return orig_iter(self)
+            try:
+                note_loader(self)
+            except Exception as exc:
+                fault("dataloader.__iter__", exc)
+            t0 = now()
+            try:
+                return orig_iter(self)
+            finally:
+                try:
+                    if not clock.stack:
+                        tracker.excluded(t0, now())
+                except Exception as exc:
+                    fault("dataloader.__iter__", exc)
+
+        return __iter__
+
+    patch(dataloader_mod.DataLoader, "__iter__", make_iter)
+    return undo
+
+
+def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
+    for owner, name, original in reversed(undo):
+        setattr(owner, name, original)
+
+
+def _batch_size(batch: Any, depth: int = 0) -> int:
+    """Samples in a batch: the first dimension of the first tensor found."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 0
+    if depth > 3:
+        return 0
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = _batch_size(item, depth + 1)
+            if n:
+                return n
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            n = _batch_size(item, depth + 1)
+            if n:
+                return n
+    return 0
