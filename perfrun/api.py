@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
 from collections.abc import Iterator
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 from .exitcodes import ExitCode
 from .launch import LaunchError, exit_like
@@ -35,16 +34,24 @@ def _destination(output: Optional[str]) -> Iterator[IO[str]]:
     atomic_write_text(output, buffer.getvalue())
 
 
-def render_run(run_dir: str, fmt: str, output: Optional[str], warmup: Optional[int]) -> None:
+def render_run(
+    run_dir: str,
+    fmt: str,
+    output: Optional[str],
+    warmup: Optional[int],
+    view: Optional[dict[str, Any]] = None,
+) -> Any:
     from .analysis.summary import build_report
     from .report import render
 
     run = read_run(run_dir)
     report = build_report(run, warmup=warmup)
+    report.view = dict(view or {})
     with _destination(output) as stream:
         render(report, fmt, stream)
     if output is not None:
         _say(f"report written to {output}")
+    return report
 
 
 def run_and_report(settings: Settings, command_line: Optional[list[str]] = None) -> int:
@@ -64,7 +71,9 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         return int(exc.code)
     returncode = outcome.returncode
     try:
-        render_run(outcome.run_dir, settings.format, settings.output, settings.warmup)
+        render_run(
+            outcome.run_dir, settings.format, settings.output, settings.warmup, view_of(settings)
+        )
     except ResultsError as exc:
         _say(f"error: {exc}")
     except BrokenPipeError:
@@ -96,16 +105,30 @@ def _rank_signal(run_dir: str) -> int:
     return 0
 
 
+def view_of(settings: Settings) -> dict[str, Any]:
+    return {
+        "op_detail": settings.op_detail,
+        "sort_by": settings.sort_by,
+        "row_limit": settings.row_limit,
+        "time_unit": settings.time_unit,
+    }
+
+
 def report(
-    path: str, fmt: str = "table", output: Optional[str] = None, warmup: Optional[int] = None
+    path: str,
+    fmt: str = "table",
+    output: Optional[str] = None,
+    warmup: Optional[int] = None,
+    view: Optional[dict[str, Any]] = None,
 ) -> int:
-    """`perfrun report`: re-print a finished run's tables from its files."""
+    """`perfrun report`: re-print a finished run's tables from its files.
+    Exit 66 when the files cannot be read, 67 when they hold no measurement."""
     run_dir = resolve_run_dir(path)
     try:
-        render_run(run_dir, fmt, output, warmup)
+        report = render_run(run_dir, fmt, output, warmup, view)
     except ResultsError as exc:
         _say(f"error: {exc}")
         return ExitCode.BAD_RESULTS
-    if not os.path.isdir(run_dir):
-        return ExitCode.BAD_RESULTS
+    if getattr(report, "problem", None):
+        return ExitCode.NO_MEASUREMENT
     return ExitCode.OK

@@ -20,7 +20,16 @@ import click
 
 from . import __version__
 from .exitcodes import ExitCode
-from .settings import FORMATS, STEP_ON, Settings, SettingsError, load_config, parse_override
+from .settings import (
+    FORMATS,
+    SORT_KEYS,
+    STEP_ON,
+    TIME_UNITS,
+    Settings,
+    SettingsError,
+    load_config,
+    parse_override,
+)
 
 COMMANDS = ("run", "report")
 # Long options that may not follow the script (they change how it is found).
@@ -137,7 +146,38 @@ def _run_options(f: Any) -> Any:
             help="Write the report to FILE instead of standard output.",
         ),
         click.option("--flush-interval", type=float, default=None, hidden=True),
+        click.option("--with-stack", is_flag=True, help="Detailed window: record Python stacks."),
+        click.option("--with-flops", is_flag=True, help="Detailed window: estimate FLOPs per op."),
+        click.option(
+            "--stop-after-window",
+            is_flag=True,
+            help="End the script cleanly once the detailed window is recorded.",
+        ),
+        *_view_options(),
     ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _view_options() -> list[Any]:
+    """How the window tables are shown; `run` and `report` share them."""
+    return [
+        click.option("--op-detail", is_flag=True, help="Show each operator's kernels beneath it."),
+        click.option(
+            "--sort-by",
+            type=click.Choice(SORT_KEYS),
+            default=None,
+            help="Sort key of the window tables (default cpu-total).",
+        ),
+        click.option("--row-limit", type=int, default=None, metavar="N", help="Rows per table."),
+        click.option(
+            "--time-unit", type=click.Choice(TIME_UNITS), default=None, help="Time unit of tables."
+        ),
+    ]
+
+
+def _apply(options: list[Any], f: Any) -> Any:
     for option in reversed(options):
         f = option(f)
     return f
@@ -174,11 +214,26 @@ def run_command(**kwargs: Any) -> int:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table")
 @click.option("--output", metavar="FILE", default=None)
 @click.option("--warmup", type=int, default=None, metavar="N")
-def report_command(log_dir: str, fmt: str, output: Optional[str], warmup: Optional[int]) -> int:
+@lambda f: _apply(_view_options(), f)
+def report_command(
+    log_dir: str, fmt: str, output: Optional[str], warmup: Optional[int], **view: Any
+) -> int:
     """Re-print the tables of a finished run (a run folder, or a log folder's latest run)."""
     from . import api
 
-    return api.report(log_dir, fmt=fmt, output=output, warmup=warmup)
+    return api.report(log_dir, fmt=fmt, output=output, warmup=warmup, view=_view(view))
+
+
+def _view(opts: dict[str, Any]) -> dict[str, Any]:
+    view = {
+        "op_detail": bool(opts.get("op_detail")),
+        "sort_by": opts.get("sort_by") or "cpu-total",
+        "row_limit": opts.get("row_limit") or 20,
+        "time_unit": opts.get("time_unit"),
+    }
+    if view["row_limit"] < 1:
+        raise SettingsError(f"--row-limit must be at least 1, not {view['row_limit']}")
+    return view
 
 
 def settings_from_options(opts: dict[str, Any]) -> Settings:
@@ -208,6 +263,9 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "format": opts.get("fmt"),
         "output": opts.get("output"),
         "flush_interval": opts.get("flush_interval"),
+        "sort_by": opts.get("sort_by"),
+        "row_limit": opts.get("row_limit"),
+        "time_unit": opts.get("time_unit"),
     }
     changes.update({k: v for k, v in direct.items() if v is not None})
     if opts.get("timer_only"):
@@ -216,6 +274,9 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         changes["nsys"] = True
     if opts.get("no_nvtx"):
         changes["nvtx"] = False
+    for flag in ("with_stack", "with_flops", "stop_after_window", "op_detail"):
+        if opts.get(flag):
+            changes[flag] = True
     if opts.get("script") is not None:
         if opts.get("module"):
             # With -m, what click took for the script is the first argument.

@@ -83,10 +83,17 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
         raise
 
 
+_UMASK: list[int] = []
+
+
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    # Read once: os.umask can only be read by setting it, which must never
+    # happen from the flush thread while the script creates files.
+    if not _UMASK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        _UMASK.append(mask)
+    return _UMASK[0]
 
 
 @dataclass

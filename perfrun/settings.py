@@ -20,6 +20,9 @@ ENV_VAR = "PERFRUN_SETTINGS"
 SUMMARY_KEYS = ("overview", "device", "model", "dist", "kernel", "op", "mem", "memcpy")
 STEP_ON = ("auto", "optimizer", "forward", "backward", "dataloader")
 FORMATS = ("table", "json", "markdown")
+SORT_KEYS = ("cpu-total", "cpu-avg", "cpu-max", "cpu-min", "gpu-total", "gpu-avg", "gpu-max",
+             "gpu-min", "calls", "name")
+TIME_UNITS = ("s", "ms", "us", "ns")
 
 # The `Profiler:` keys we understand and the Settings field each one sets.
 PROFILER_KEYS = {
@@ -77,6 +80,13 @@ class Settings:
     format: str = "table"
     output: str | None = None
     flush_interval: float = 2.0
+    with_stack: bool = False
+    with_flops: bool = False
+    stop_after_window: bool = False
+    op_detail: bool = False
+    sort_by: str = "cpu-total"
+    row_limit: int = 20
+    time_unit: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -132,6 +142,18 @@ class Settings:
                 f"unknown Profiler.summary key(s) {', '.join(sorted(unknown))}; "
                 f"valid: {', '.join(SUMMARY_KEYS)}"
             )
+        if self.sort_by not in SORT_KEYS:
+            raise SettingsError(
+                f"--sort-by must be one of {', '.join(SORT_KEYS)}, not {self.sort_by!r}"
+            )
+        if self.time_unit is not None and self.time_unit not in TIME_UNITS:
+            raise SettingsError(
+                f"--time-unit must be one of {', '.join(TIME_UNITS)}, not {self.time_unit!r}"
+            )
+        if self.row_limit < 1:
+            raise SettingsError(f"--row-limit must be at least 1, not {self.row_limit}")
+        if self.stop_after_window and self.scheduler is None:
+            raise SettingsError("--stop-after-window needs a window: --scheduler START END")
         if self.flush_interval <= 0:
             raise SettingsError("flush interval must be positive")
         return self

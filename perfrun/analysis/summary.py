@@ -48,7 +48,7 @@ OVERSHOOT_TOLERANCE = 1e-6
 
 #: Sections a `Profiler.summary` mapping can switch off (the rest of its keys
 #: belong to the detailed window and are not decided here).
-SECTION_KEYS = ("overview", "model", "device", "dist")
+SECTION_KEYS = ("overview", "model", "device", "dist", "kernel", "op", "mem", "memcpy")
 
 _START, _END, _EXCLUDED, _SAMPLES = COL["start"], COL["end"], COL["excluded"], COL["samples"]
 _GPU_STEP = COL["gpu_step"]
@@ -607,9 +607,10 @@ def device_summary(ranks: Sequence[RankResult]) -> Optional[DeviceSummary]:
         for i, g in enumerate(device.get("gpus") or []):
             if not isinstance(g, Mapping):
                 continue
+            index = _opt_int(g.get("index"))
             gpus.append(
                 GpuDevice(
-                    index=_opt_int(g.get("index")) if g.get("index") is not None else i,
+                    index=i if index is None else index,
                     name=str(g.get("name") or "GPU"),
                     util_avg=_opt_num(g.get("util_avg")),
                     util_max=_opt_num(g.get("util_max")),
@@ -693,12 +694,13 @@ class Title:
         if self.world_size > 1:
             who = f"; summaries are rank {self.rank}'s" if self.rank is not None else ""
             out.append(("Ranks", f"{self.world_size}{who}"))
-        if self.rank is not None:
+        if self.rank is not None and self.steps_recorded:
             how = "default; --warmup N to change" if self.warmup_default else "as set"
+            warm = f"first {_steps_phrase(self.warmup)}" if self.warmup else "none"
             out.append((
                 "Steps",
                 f"{self.steps_counted} counted of {self.steps_recorded} recorded; "
-                f"warm-up: first {_steps_phrase(self.warmup)} left out ({how})",
+                f"warm-up left out: {warm} ({how})",
             ))
         if self.window is not None:
             start, end = self.window
@@ -755,6 +757,10 @@ class Report:
     problems: list[str] = field(default_factory=list)
     problem: Optional[str] = None
     sections: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SECTION_KEYS, True))
+    #: The detailed window's tables (analysis/window.py), when there is one.
+    window: Any = None
+    #: How window tables are shown: sort_by, row_limit, time_unit, op_detail.
+    view: dict[str, Any] = field(default_factory=dict)
 
     def show(self, section: str) -> bool:
         return bool(self.sections.get(section, True))
@@ -776,6 +782,7 @@ class Report:
             "notes": list(self.notes),
             "faults": [f.to_dict() for f in self.faults],
             "sections": dict(self.sections),
+            "window": self.window.to_dict() if self.window is not None else None,
         }
 
 
@@ -941,6 +948,9 @@ def build_report(
     if ref is not None:
         report.extras = _extras(ref)
         report.device = device_summary(ranks)
+    from perfrun.analysis.window import window_report
+
+    report.window = window_report(ranks, ref, window, warmup)
     if ref is not None and ref.rows:
         rows = [ref.rows[i] for i in counted_idx]
         report.perf = perf_summary(rows)

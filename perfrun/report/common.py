@@ -73,6 +73,16 @@ def _ranks_phrase(ranks: tuple[int, ...]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
+def short_hosts(names: list[str]) -> dict[str, str]:
+    """Host names without their domain (`node-3.cluster.local` -> `node-3`),
+    unless that would make two hosts look the same: a full name would make
+    the multi-rank table too wide for a terminal."""
+    short = {n: n.split(".", 1)[0] or n for n in names}
+    if len(set(short.values())) < len(set(names)):
+        return {n: n for n in names}
+    return short
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -135,12 +145,13 @@ def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: i
 
 def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
     unit, factor = time_unit(perf.batch_cost.max)
-    info = [f"time unit: {unit}, ips unit: steps/s"]
+    counts = []
     if perf.reader_ratio is not None:
-        info.append(f"Reader Ratio: {perf.reader_ratio * 100:.3f}%")
-    info.append(f"warm-up steps excluded: {warmup}")
+        counts.append(f"Reader Ratio: {perf.reader_ratio * 100:.3f}%")
+    counts.append(f"warm-up steps excluded: {warmup}")
     if window_steps:
-        info.append(f"window steps excluded: {window_steps}")
+        counts.append(f"window steps excluded: {window_steps}")
+    info = [f"time unit: {unit}, ips unit: steps/s", "   ".join(counts)]
 
     def time_row(name: str, s: Stats) -> list[str]:
         return [name] + [fmt_num(v, 5, factor) for v in (s.avg, s.max, s.min)]
@@ -156,7 +167,7 @@ def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
     if perf.samples_ips is not None:
         rows.append(rate_row("ips (samples/s)", perf.samples_ips))
     columns = [Column("", "left"), Column("avg"), Column("max"), Column("min")]
-    return TableBlock("perf", "Perf Summary", ["   ".join(info)], columns, rows)
+    return TableBlock("perf", "Perf Summary", info, columns, rows)
 
 
 def model_block(model: ModelSummary) -> TableBlock:
@@ -193,7 +204,7 @@ def _rank_status(status: str) -> str:
 def ranks_block(ranks: MultiRankSummary) -> TableBlock:
     typical = ranks.across["step"].median
     unit, factor = time_unit(typical, coarse="ms")
-    hosts = {r.hostname for r in ranks.rows if r.hostname}
+    hosts = short_hosts(sorted({r.hostname for r in ranks.rows if r.hostname}))
     multi_host = len(hosts) > 1
     columns = [Column("Rank", "left")]
     if multi_host:
@@ -204,7 +215,7 @@ def ranks_block(ranks: MultiRankSummary) -> TableBlock:
     for r in ranks.rows:
         cells = [str(r.rank)]
         if multi_host:
-            cells.append(r.hostname or DASH)
+            cells.append(hosts[r.hostname] if r.hostname else DASH)
         cells += [_rank_status(r.status), str(r.steps) if r.status != "missing" else DASH]
         cells.append(fmt_num(r.step_avg, 2, factor))
         cells += [fmt_num(r.phase_avg[p], 2, factor) for p in PHASES]
@@ -230,13 +241,15 @@ def ranks_block(ranks: MultiRankSummary) -> TableBlock:
 
 def device_block(device: DeviceSummary, world_size: int) -> TableBlock:
     multi_host = len(device.hosts) > 1
+    names = short_hosts([h.hostname for h in device.hosts])
     rows = []
     footer = []
     for host in device.hosts:
-        prefix = f"{host.hostname} " if multi_host else ""
+        prefix = f"{names[host.hostname]} " if multi_host else ""
         proc = f"{prefix}CPU(Process)" + (f" rank {host.rank}" if world_size > 1 else "")
+        rss = host.rss_peak_bytes
         rows.append([proc, fmt_percent(host.cpu_process_avg), fmt_percent(host.cpu_process_max),
-                     f"peak RSS {fmt_bytes(host.rss_peak_bytes)}"])
+                     f"peak RSS {fmt_bytes(rss)}" if rss is not None else DASH])
         rows.append([f"{prefix}CPU(System)", fmt_percent(host.cpu_system_avg),
                      fmt_percent(host.cpu_system_max), ""])
         for gpu in host.gpus:
@@ -265,6 +278,10 @@ def blocks(report: Report) -> list[Block]:
         out.append(ranks_block(report.ranks))
     if report.device is not None and report.show("device"):
         out.append(device_block(report.device, report.title.world_size))
+    if report.window is not None:
+        from perfrun.report.window_blocks import window_blocks
+
+        out.extend(window_blocks(report.window, report.view, report.show))
     if report.extras:
         lines = []
         for e in report.extras:

@@ -7,6 +7,7 @@ same on every machine and a test can compare it.
 
 from __future__ import annotations
 
+import sys
 from typing import IO, Optional
 
 from rich import box
@@ -22,6 +23,19 @@ PIPE_WIDTH = 120
 
 _LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red"}
 
+# rich's SIMPLE_HEAD, plus a rule between sections (the multi-rank table's
+# min / median / max rows), which SIMPLE_HEAD would draw as a blank line.
+_BOX = box.Box(
+    "    \n"
+    "    \n"
+    " ── \n"
+    "    \n"
+    " ── \n"
+    " ── \n"
+    "    \n"
+    "    \n"
+)
+
 
 def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) -> Console:
     """A console for `stream` that never emits escape codes into a pipe.
@@ -30,12 +44,10 @@ def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) 
     `COLUMNS` or falls back to 80, which wraps the Model Summary; a fixed
     width keeps logs stable and readable.
     """
-    is_tty = bool(stream is not None and getattr(stream, "isatty", None) and stream.isatty())
     if stream is None:
-        import sys
-
         stream = sys.stdout
-        is_tty = stream.isatty()
+    isatty = getattr(stream, "isatty", None)
+    is_tty = bool(isatty is not None and isatty())
     return Console(
         file=stream,
         width=width if width is not None else (None if is_tty else PIPE_WIDTH),
@@ -50,7 +62,7 @@ def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) 
 
 
 def _table(block: TableBlock, columns: list[int]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    table = Table(box=_BOX, show_edge=False, pad_edge=False, expand=False, collapse_padding=True)
     for i in columns:
         col = block.columns[i]
         table.add_column(
@@ -100,11 +112,12 @@ def render_table(report: Report, console: Console) -> None:
                 console.print(Text(prefix + line, style=style))
             console.print()
         else:
-            heading = Text(block.title, style="bold")
+            console.print(Text(block.title, style="bold"))
             for info in block.info:
-                heading.append("   " + info, style="dim")
-            console.print(heading)
-            for table in _tables(block, console):
+                console.print(Text(info, style="dim"))
+            for i, table in enumerate(_tables(block, console)):
+                if i:
+                    console.print()
                 console.print(table)
             for line in block.footer:
                 console.print(Text(line))

@@ -96,6 +96,7 @@ class Agent:
         self.cuda: dict[str, Any] = {}
         self.gpu_timer: Any = None
         self.nvtx: Any = None
+        self.window: Any = None
         self._cuda_possible = False
         self._begin_listeners: list[Callable[[int, float], None]] = []
         self._end_listeners: list[Callable[[int, float, bool], None]] = []
@@ -112,6 +113,10 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
+        if self.settings.scheduler is not None and not self.settings.timer_only:
+            # torch.profiler's backend logs its start and stop on stderr;
+            # without perfrun the script would print no such lines.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "99")
         self.write()
         atexit.register(self._atexit)
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -124,6 +129,7 @@ class Agent:
             self.torch = torch
             self.torch_version = str(getattr(torch, "__version__", "?"))
             self._undo = hooks.install(torch, self)
+            self._setup_window(torch)
             self._setup_gpu_and_nvtx(torch)
             self.sampler = DeviceSampler(self.notes)
             self._thread = threading.Thread(
@@ -152,20 +158,28 @@ class Agent:
                 self.notes.append(f"NVTX ranges off: the nvtx package is unavailable ({exc})")
         self._update_listener()
 
+    def _setup_window(self, torch: Any) -> None:
+        if self.settings.scheduler is None or self.settings.timer_only:
+            return
+        from .window import ProfilerWindow
+
+        self.window = ProfilerWindow(self, torch)
+        self._begin_listeners.append(self.window.step_begin)
+        self._end_listeners.append(self.window.step_end)
+
     def _update_listener(self) -> None:
-        edges = [x.edge for x in (self.nvtx, self.gpu_timer) if x is not None]
+        edges = [x.edge for x in (self.nvtx, self.gpu_timer, self.window) if x is not None]
         if not edges:
             self.clock.listener = None
         elif len(edges) == 1:
             self.clock.listener = edges[0]
         else:
-            first, second = edges
 
-            def both(kind: int, enter: bool, is_eval: bool) -> None:
-                first(kind, enter, is_eval)
-                second(kind, enter, is_eval)
+            def every(kind: int, enter: bool, is_eval: bool) -> None:
+                for edge in edges:
+                    edge(kind, enter, is_eval)
 
-            self.clock.listener = both
+            self.clock.listener = every
 
     def _maybe_start_cuda(self) -> None:
         # CUDA events only once the script itself has initialised CUDA: never
@@ -194,6 +208,8 @@ class Agent:
     def _step_begin(self, index: int, t: float) -> None:
         stop_after = self.settings.stop_after
         if stop_after is not None and index >= stop_after:
+            self._request_stop()
+        if self.settings.stop_after_window and index >= self.settings.scheduler[1]:
             self._request_stop()
         if self._cuda_possible:
             try:
@@ -294,6 +310,7 @@ class Agent:
             "env": self._env(),
             "settings": {k: v for k, v in json.loads(self.settings.to_json()).items()},
             "window": list(self.settings.scheduler) if self.settings.scheduler else None,
+            "window_summary": self.window.result if self.window is not None else None,
             "torch_imported": self.torch is not None,
             "gpu": self.gpu_timer is not None,
             "cuda": self.cuda,
@@ -348,6 +365,11 @@ class Agent:
         except Exception as exc:
             self.record_fault("finish", exc)
         self.tracker.finish(perf_counter())
+        if self.window is not None:
+            try:
+                self.window.finish()
+            except Exception as exc:
+                self.record_fault("window", exc)
         if self.gpu_timer is not None:
             try:
                 self.torch.cuda.synchronize()

@@ -47,10 +47,11 @@ class DeviceSampler:
                     "mem_total": int(mem.total),
                     "n": 0,
                 }
-        except Exception:
-            # No NVIDIA driver: the normal case on CPU machines. Reported by
-            # the absence of GPU rows, and one note when CUDA is in use.
+        except Exception as exc:
+            # No NVIDIA driver: the normal case on CPU machines.
             self._nvml = None
+            reason = str(exc).strip() or type(exc).__name__
+            notes.append(f"GPU state off: NVML unavailable ({reason})")
 
     @property
     def has_nvml(self) -> bool:

@@ -88,11 +88,17 @@ class StepTracker:
         self.first_ident: object = None
         self.close_t = 0.0
         self.excl_at_close = 0.0
+        self.acc_at_close = [0.0, 0.0, 0.0, 0.0]
+        self.calls_at_close = [0, 0, 0, 0]
+        self.samples_at_close = 0
         self._reset_accumulators()
         # Evaluation spans.
         self.eval_open = False
         self.eval_start = 0.0
         self.eval_last = 0.0
+        # Iterator creation since the span's last event: it joins the span
+        # only if another evaluation event follows it.
+        self.eval_tail = 0.0
         self.eval_time = 0.0
         self.eval_spans = 0
         self.eval_forward_calls = 0
@@ -162,6 +168,7 @@ class StepTracker:
         seconds of its own."""
         if is_eval:
             self.eval_last = t
+            self.eval_tail = 0.0
             if kind == FWD:
                 self.eval_forward_calls += 1
             return
@@ -174,9 +181,17 @@ class StepTracker:
             self.closed = True
             self.close_t = t
             self.excl_at_close = self.excl
+            # If nothing leads after this, the step ends here: what comes
+            # after (a trailing zero_grad) is outside it.
+            self.acc_at_close = self.acc[:]
+            self.calls_at_close = self.calls[:]
+            self.samples_at_close = self.samples
 
     def add_samples(self, n: int) -> None:
-        if self.open:
+        # A batch fetched by an evaluation pass is no training sample: the
+        # span is still open right after its fetch (a training fetch closes
+        # it in `begin`).
+        if self.open and not self.eval_open:
             self.samples += n
 
     def excluded(self, t0: float, t1: float) -> None:
@@ -184,8 +199,9 @@ class StepTracker:
         self.init_calls += 1
         self.init_time += t1 - t0
         if self.eval_open:
-            # Inside an evaluation pass: the span grows to cover it.
-            self.eval_last = t1
+            # Inside an evaluation pass (a second validation loader) or just
+            # after one (the next epoch's training iterator): `end` decides.
+            self.eval_tail += t1 - t0
         elif self.open:
             self.excl += t1 - t0
 
@@ -196,6 +212,7 @@ class StepTracker:
         self.stop_time += t1 - t0
         if is_eval:
             self.eval_last = t1
+            self.eval_tail = 0.0
             return
         if not self.open:
             return
@@ -217,6 +234,9 @@ class StepTracker:
         if self.eval_open:
             self._close_eval()
         if self.open and self.closed:
+            self.acc = self.acc_at_close
+            self.calls = self.calls_at_close
+            self.samples = self.samples_at_close
             self._commit(self.close_t, self.excl_at_close)
         self.open = False
 
@@ -229,7 +249,8 @@ class StepTracker:
             span = 0.0
         self.eval_time += span
         if self.open:
-            self.excl += span
+            self.excl += span + self.eval_tail
+        self.eval_tail = 0.0
 
     def _open(self, t: float, kind: int, ident: object) -> None:
         self.open = True

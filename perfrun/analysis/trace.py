@@ -1,0 +1,409 @@
+"""Window tables from a torch.profiler trace: pure functions over the trace's
+event list (Chrome trace format), so they are unit-tested on hand-made events
+and `perfrun report` can recompute them.
+
+Correctness rules that Paddle's tables break and these keep:
+
+* Overview time per event type is the *union* of that type's intervals
+  (several threads or streams overlapping are merged before summing), and
+  every interval is clipped to the window, so no type exceeds 100%.
+* Others never goes negative (it is a clamped difference).
+* Every table honours every sort key.
+* Ratios with a zero denominator are None (printed as "-"), never a division
+  error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+# perfrun's own annotations in the trace (recorded during the window).
+PHASE_PREFIX = "perfrun: "
+STEP_PREFIX = "perfrun: ProfileStep#"
+PHASE_TYPES = ("Dataloader", "Forward", "Backward", "Optimization")
+
+CPU_TYPES = ("ProfileStep",) + PHASE_TYPES + ("Operator", "CudaRuntime", "UserDefined")
+GPU_TYPES = ("Kernel", "Memcpy", "Memset", "Communication")
+
+# Annotations torch itself adds; not the user's own ranges.
+_TORCH_ANNOTATIONS = (
+    "ProfilerStep#",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+    "## forward",
+    "## backward",
+    "autograd::",
+    "enumerate(DataLoader)#",
+)
+_COMM_OP = re.compile(
+    r"^(c10d::|gloo:|nccl:|record_param_comms)|(^|::)(all_?reduce|all_?gather|"
+    r"reduce_?scatter|broadcast|all_to_all|barrier)",
+    re.IGNORECASE,
+)
+# `.item()` reaches aten::_local_scalar_dense (counted once, not with aten::item).
+_SYNC_OPS = ("aten::_local_scalar_dense",)
+_SYNC_RUNTIME = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cuMemcpyDtoH_v2",
+    "cudaMemcpyAsync",
+)
+
+Interval = tuple[float, float]
+
+
+# -- interval arithmetic --------------------------------------------------------
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """Union of intervals as a sorted list of disjoint ones."""
+    out: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1][1] = end
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def total(intervals: Sequence[Interval]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """Intersection of two merged (sorted, disjoint) interval lists."""
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo = max(a[i][0], b[j][0])
+        hi = min(a[i][1], b[j][1])
+        if hi > lo:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+# -- names --------------------------------------------------------------------
+
+
+def short_kernel_name(name: str, width: int = 72) -> str:
+    """`void at::native::vectorized_elementwise_kernel<4, Functor<float>>(int, ...)`
+    -> `at::native::vectorized_elementwise_kernel<4, Functor<...>>`: drop the
+    return type and parameters, elide nested template arguments."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    # Drop the parameter list: the last top-level "(...)".
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0:
+            text = text[:i]
+            break
+    out = []
+    depth = 0
+    for ch in text:
+        if ch == "<":
+            depth += 1
+            if depth == 2:
+                out.append("<...")
+                continue
+        elif ch == ">":
+            depth -= 1
+            if depth >= 1:
+                continue
+        if depth >= 2:
+            continue
+        out.append(ch)
+    short = "".join(out).strip()
+    if len(short) > width:
+        short = short[: width - 3] + "..."
+    return short or name[:width]
+
+
+def is_communication(name: str) -> bool:
+    return bool(_COMM_OP.search(name)) or "nccl" in name.lower()
+
+
+# -- the summary -----------------------------------------------------------------
+
+
+def _stats(durations: list[float]) -> dict[str, Any]:
+    n = len(durations)
+    s = sum(durations)
+    return {
+        "calls": n,
+        "total": s,
+        "avg": s / n if n else None,
+        "max": max(durations) if n else None,
+        "min": min(durations) if n else None,
+    }
+
+
+def _ratio(part: float, whole: float) -> Optional[float]:
+    return part / whole if whole > 0 else None
+
+
+def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Aggregate a window's trace events into the data every window table is
+    printed from. Times in seconds (the trace's are microseconds)."""
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    step_iv = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in spans
+        if e.get("cat") == "user_annotation" and e["name"].startswith(STEP_PREFIX)
+    ]
+    if step_iv:
+        lo = min(a for a, _ in step_iv)
+        hi = max(b for _, b in step_iv)
+    elif spans:
+        lo = min(e["ts"] for e in spans)
+        hi = max(e["ts"] + e["dur"] for e in spans)
+    else:
+        lo = hi = 0.0
+    window = hi - lo
+
+    by_type: dict[str, list[Interval]] = {t: [] for t in CPU_TYPES + GPU_TYPES}
+    calls: dict[str, int] = dict.fromkeys(by_type, 0)
+    ops: dict[str, list[float]] = {}
+    op_gpu: dict[str, float] = {}
+    op_flops: dict[str, float] = {}
+    op_kernels: dict[str, dict[str, list[float]]] = {}
+    kernels: dict[str, list[float]] = {}
+    user: dict[str, list[float]] = {}
+    memcpy: dict[str, list[float]] = {}
+    comm_cpu: list[Interval] = []
+    comm_gpu: list[Interval] = []
+    compute_cpu: list[Interval] = []
+    compute_gpu: list[Interval] = []
+    sync_calls = 0
+    ext_to_op: dict[Any, str] = {}
+
+    for e in spans:
+        cat = e.get("cat")
+        name = e.get("name", "")
+        iv = (e["ts"], e["ts"] + e["dur"])
+        if cat == "user_annotation":
+            if name.startswith(STEP_PREFIX):
+                by_type["ProfileStep"].append(iv)
+                calls["ProfileStep"] += 1
+            elif name.startswith(PHASE_PREFIX):
+                phase = name[len(PHASE_PREFIX) :]
+                if phase in by_type:
+                    by_type[phase].append(iv)
+                    calls[phase] += 1
+            elif is_communication(name):
+                comm_cpu.append(iv)
+            elif not name.startswith(_TORCH_ANNOTATIONS):
+                by_type["UserDefined"].append(iv)
+                calls["UserDefined"] += 1
+                user.setdefault(name, []).append(e["dur"] / 1e6)
+        elif cat == "cpu_op":
+            by_type["Operator"].append(iv)
+            calls["Operator"] += 1
+            ops.setdefault(name, []).append(e["dur"] / 1e6)
+            args = e.get("args") or {}
+            if "flops" in args:
+                op_flops[name] = op_flops.get(name, 0.0) + float(args["flops"] or 0)
+            ext = args.get("External id")
+            if ext is not None:
+                ext_to_op[ext] = name
+            if is_communication(name):
+                comm_cpu.append(iv)
+            else:
+                compute_cpu.append(iv)
+            if name in _SYNC_OPS:
+                sync_calls += 1
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            by_type["CudaRuntime"].append(iv)
+            calls["CudaRuntime"] += 1
+            if name in _SYNC_RUNTIME and name != "cudaMemcpyAsync":
+                sync_calls += 1
+        elif cat == "kernel":
+            short = short_kernel_name(name)
+            kernels.setdefault(short, []).append(e["dur"] / 1e6)
+            if is_communication(name):
+                by_type["Communication"].append(iv)
+                calls["Communication"] += 1
+                comm_gpu.append(iv)
+            else:
+                by_type["Kernel"].append(iv)
+                calls["Kernel"] += 1
+                compute_gpu.append(iv)
+            ext = (e.get("args") or {}).get("External id")
+            op = ext_to_op.get(ext)
+            if op is not None:
+                op_gpu[op] = op_gpu.get(op, 0.0) + e["dur"] / 1e6
+                op_kernels.setdefault(op, {}).setdefault(short, []).append(e["dur"] / 1e6)
+        elif cat == "gpu_memcpy":
+            by_type["Memcpy"].append(iv)
+            calls["Memcpy"] += 1
+            kind = "DtoD"
+            for k in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP"):
+                if k in name:
+                    kind = k
+                    break
+            memcpy.setdefault(f"Memcpy {kind}", []).append(e["dur"] / 1e6)
+        elif cat == "gpu_memset":
+            by_type["Memset"].append(iv)
+            calls["Memset"] += 1
+            memcpy.setdefault("Memset", []).append(e["dur"] / 1e6)
+        # Kernels may be listed before the ops that launched them.
+    if op_gpu == {} and ext_to_op:
+        for e in spans:
+            if e.get("cat") == "kernel":
+                op = ext_to_op.get((e.get("args") or {}).get("External id"))
+                if op is not None:
+                    short = short_kernel_name(e.get("name", ""))
+                    op_gpu[op] = op_gpu.get(op, 0.0) + e["dur"] / 1e6
+                    op_kernels.setdefault(op, {}).setdefault(short, []).append(e["dur"] / 1e6)
+
+    overview = []
+    for t in CPU_TYPES + GPU_TYPES:
+        merged = merge(clip(by_type[t], lo, hi))
+        busy = total(merged) / 1e6
+        overview.append(
+            {
+                "type": t,
+                "side": "gpu" if t in GPU_TYPES else "cpu",
+                "calls": calls[t],
+                "time": busy,
+                "ratio": _ratio(busy, window / 1e6),
+            }
+        )
+
+    def dist_side(comm: list[Interval], compute: list[Interval]) -> dict[str, Any]:
+        c = merge(clip(comm, lo, hi))
+        k = merge(clip(compute, lo, hi))
+        both = intersect(c, k)
+        w = window / 1e6
+        return {
+            "communication": total(c) / 1e6,
+            "computation": total(k) / 1e6,
+            "overlap": total(both) / 1e6,
+            "communication_ratio": _ratio(total(c) / 1e6, w),
+            "computation_ratio": _ratio(total(k) / 1e6, w),
+            "overlap_ratio": _ratio(total(both) / 1e6, w),
+        }
+
+    if not by_type["Kernel"] and not by_type["Communication"] and not by_type["Memcpy"]:
+        # No GPU: reading a CPU tensor's value stalls nothing.
+        sync_calls = 0
+    window_s = window / 1e6
+    kernel_total = sum(sum(v) for v in kernels.values())
+    return {
+        "steps": steps,
+        "window_time": window_s,
+        "overview": overview,
+        "operators": [
+            {
+                "name": n,
+                **_stats(d),
+                "ratio": _ratio(sum(d), window_s),
+                "gpu_total": op_gpu.get(n),
+                "flops": op_flops.get(n),
+                "kernels": [{"name": k, **_stats(v)} for k, v in op_kernels.get(n, {}).items()],
+            }
+            for n, d in ops.items()
+        ],
+        "kernels": [
+            {"name": n, **_stats(d), "ratio": _ratio(sum(d), kernel_total)}
+            for n, d in kernels.items()
+        ],
+        "user_defined": [
+            {"name": n, **_stats(d), "ratio": _ratio(sum(d), window_s)} for n, d in user.items()
+        ],
+        "memory_manipulation": {
+            "copies": [{"name": n, **_stats(d)} for n, d in memcpy.items()],
+            "sync_calls": sync_calls,
+            "sync_per_step": sync_calls / steps if steps else None,
+        },
+        "distributed": {
+            "cpu": dist_side(comm_cpu, compute_cpu),
+            "gpu": dist_side(comm_gpu, compute_gpu),
+        },
+        "memory": memory_summary(events, spans),
+    }
+
+
+def memory_summary(
+    events: Sequence[dict[str, Any]], spans: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """Peak allocated / reserved per device, peak per phase, and the ops that
+    allocate most (from `profile_memory` instant events)."""
+    mem = [e for e in events if e.get("ph") == "i" and e.get("name") == "[memory]"]
+    if not mem:
+        return {"recorded": False}
+    devices: dict[str, dict[str, int]] = {}
+    for e in mem:
+        a = e.get("args") or {}
+        dev = f"{'cuda' if a.get('Device Type') == 1 else 'cpu'}:{a.get('Device Id', -1)}"
+        d = devices.setdefault(dev, {"peak_allocated": 0, "peak_reserved": 0})
+        d["peak_allocated"] = max(d["peak_allocated"], int(a.get("Total Allocated", 0) or 0))
+        d["peak_reserved"] = max(d["peak_reserved"], int(a.get("Total Reserved", 0) or 0))
+    # Innermost op / phase around each allocation: one sweep over time with
+    # a stack of open ranges (ranges on one thread nest properly).
+    points: list[tuple[float, int, int, str, int, int]] = []
+    for e in spans:
+        cat = e.get("cat")
+        name = e.get("name", "")
+        if cat == "cpu_op":
+            kind = 0
+        elif (
+            cat == "user_annotation"
+            and name.startswith(PHASE_PREFIX)
+            and not name.startswith(STEP_PREFIX)
+        ):
+            kind = 1
+            name = name[len(PHASE_PREFIX) :]
+        else:
+            continue
+        points.append((e["ts"], 0, kind, name, 0, 0))
+        points.append((e["ts"] + e["dur"], 2, kind, name, 0, 0))
+    for e in mem:
+        a = e.get("args") or {}
+        points.append(
+            (e["ts"], 1, 2, "", int(a.get("Bytes", 0) or 0), int(a.get("Total Allocated", 0) or 0))
+        )
+    points.sort(key=lambda p: (p[0], p[1]))
+    op_stack: list[str] = []
+    phase_stack: list[str] = []
+    by_op: dict[str, int] = {}
+    by_phase: dict[str, int] = {}
+    for _ts, order, kind, name, size, allocated in points:
+        stack = op_stack if kind == 0 else phase_stack
+        if order == 0:
+            stack.append(name)
+        elif order == 2:
+            if name in stack:
+                # Remove the innermost range of that name.
+                del stack[len(stack) - 1 - stack[::-1].index(name)]
+        else:
+            if phase_stack:
+                phase = phase_stack[-1]
+                by_phase[phase] = max(by_phase.get(phase, 0), allocated)
+            if size > 0 and op_stack:
+                by_op[op_stack[-1]] = by_op.get(op_stack[-1], 0) + size
+    return {
+        "recorded": True,
+        "devices": devices,
+        "peak_by_phase": by_phase,
+        "top_allocators": sorted(
+            ({"name": n, "bytes": b} for n, b in by_op.items()), key=lambda r: -r["bytes"]
+        )[:20],
+    }

@@ -1,0 +1,120 @@
+"""The detailed window's part of the report: pure functions over the rank
+files' `window_summary` sections (written by runtime/window.py from the
+profiler trace) and their step rows."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from perfrun.analysis.summary import ModelSummary, model_summary, step_time
+from perfrun.results import RankResult
+
+# --sort-by key -> the field of a table row it sorts on (descending, except name).
+SORT_FIELDS = {
+    "cpu-total": "total",
+    "cpu-avg": "avg",
+    "cpu-max": "max",
+    "cpu-min": "min",
+    "gpu-total": "gpu_total",
+    "gpu-avg": "gpu_avg",
+    "gpu-max": "gpu_max",
+    "gpu-min": "gpu_min",
+    "calls": "calls",
+    "name": "name",
+}
+# Tables whose rows carry only one kind of time (kernels: GPU only; user
+# ranges: CPU only) sort the other kind's keys on the time they have.
+_SAME_KIND = {"gpu_total": "total", "gpu_avg": "avg", "gpu_max": "max", "gpu_min": "min"}
+
+
+def sort_rows(rows: Sequence[dict[str, Any]], sort_by: str) -> list[dict[str, Any]]:
+    key = SORT_FIELDS.get(sort_by, "total")
+    if key == "name":
+        return sorted(rows, key=lambda r: str(r.get("name", "")))
+    if rows and all(r.get(key) is None for r in rows):
+        key = _SAME_KIND.get(key, key)
+        if all(r.get(key) is None for r in rows):
+            key = "total"
+    return sorted(rows, key=lambda r: (-(r.get(key) or 0.0), str(r.get("name", ""))))
+
+
+@dataclass
+class RankWindow:
+    rank: int
+    summary: dict[str, Any]
+
+
+@dataclass
+class WindowReport:
+    window: tuple[int, int]
+    ranks: list[RankWindow] = field(default_factory=list)
+    model: Optional[ModelSummary] = None
+    window_median: Optional[float] = None
+    outside_median: Optional[float] = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def overhead(self) -> Optional[float]:
+        """How much slower the window's steps were than the steps outside
+        it: the profiler's own cost, measured (0.25 = 25% slower)."""
+        if not self.window_median or not self.outside_median:
+            return None
+        return self.window_median / self.outside_median - 1.0
+
+    @property
+    def reference(self) -> Optional[RankWindow]:
+        return self.ranks[0] if self.ranks else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": list(self.window),
+            "overhead": self.overhead,
+            "window_median_step": self.window_median,
+            "outside_median_step": self.outside_median,
+            "model": self.model.to_dict() if self.model else None,
+            "ranks": {str(r.rank): r.summary for r in self.ranks},
+            "warnings": list(self.warnings),
+        }
+
+
+def window_report(
+    ranks: Sequence[RankResult],
+    ref: Optional[RankResult],
+    window: Optional[tuple[int, int]],
+    warmup: int,
+) -> Optional[WindowReport]:
+    if window is None or ref is None:
+        return None
+    settings = ref.data.get("settings") or {}
+    if settings.get("timer_only"):
+        return None
+    start, end = window
+    report = WindowReport(window=(start, end))
+    for rank in ranks:
+        summary = rank.data.get("window_summary")
+        if isinstance(summary, dict):
+            report.ranks.append(RankWindow(rank.rank, summary))
+    rows = ref.rows
+    inside = [rows[i] for i in range(start, min(end, len(rows)))]
+    outside = [rows[i] for i in range(warmup, len(rows)) if not start <= i < end]
+    if inside:
+        report.model = model_summary(inside)
+        report.window_median = statistics.median(step_time(r) for r in inside)
+    if outside:
+        report.outside_median = statistics.median(step_time(r) for r in outside)
+    if len(rows) <= start:
+        report.warnings.append(
+            f"the detailed window [{start}, {end}) starts after the script's last step: "
+            f"only {len(rows)} steps ran, so nothing was recorded (lower --scheduler)"
+        )
+    elif len(rows) < end:
+        report.warnings.append(
+            f"the script ended inside the detailed window [{start}, {end}): steps "
+            f"{start}..{len(rows) - 1} were recorded"
+        )
+    if not report.ranks and len(rows) > start:
+        report.warnings.append("no window tables: the profiler recorded nothing (see notes)")
+    return report

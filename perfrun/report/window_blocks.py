@@ -1,0 +1,313 @@
+"""The detailed window's tables as format-neutral blocks (see common.py):
+Overview, Model, Operator, Kernel, Distributed, Memory Manipulation, Memory,
+UserDefined. Every table honours --sort-by, --row-limit and --time-unit."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from perfrun.analysis.window import WindowReport, sort_rows
+from perfrun.report.common import (
+    DASH,
+    Block,
+    Column,
+    LinesBlock,
+    TableBlock,
+    fmt_bytes,
+    fmt_num,
+    model_block,
+)
+
+UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
+def _unit(view: dict[str, Any]) -> tuple[str, float]:
+    unit = view.get("time_unit") or "ms"
+    return unit, UNITS[unit]
+
+
+def _pct(value: Optional[float]) -> str:
+    return DASH if value is None else f"{value * 100:.2f}"
+
+
+def _times(r: dict[str, Any], f: float) -> list[str]:
+    return [fmt_num(r.get(k), 3, f) for k in ("total", "avg", "max", "min")]
+
+
+def _time_columns(kind: str) -> list[Column]:
+    return [Column(f"{kind} Total"), Column("Avg"), Column("Max"), Column("Min")]
+
+
+def _name(text: str, width: int = 56) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _share(x: dict[str, Any], key: str, f: float) -> str:
+    return f"{fmt_num(x.get(key), 3, f)} ({_pct(x.get(key + '_ratio'))}%)"
+
+
+def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Block]:
+    out: list[Block] = []
+    unit, f = _unit(view)
+    limit = int(view.get("row_limit") or 20)
+    sort_by = str(view.get("sort_by") or "cpu-total")
+    start, end = w.window
+    info = [f"steps [{start}, {end})", f"time unit: {unit}"]
+    if w.overhead is not None:
+        info.append(
+            f"profiler overhead: window steps {w.overhead * 100:+.1f}% vs steps outside "
+            f"(median {fmt_num(w.window_median, 3, 1e3)} ms vs "
+            f"{fmt_num(w.outside_median, 3, 1e3)} ms)"
+        )
+    if w.warnings:
+        out.append(LinesBlock("window-warnings", "Detailed window", list(w.warnings), "warning"))
+    ref = w.reference
+    if ref is None:
+        return out
+    s = ref.summary
+    steps = s.get("steps") or 0
+
+    if show("overview"):
+        rows = []
+        for o in s.get("overview", []):
+            if o["calls"] == 0 and (o["side"] == "gpu" or o["type"] == "CudaRuntime"):
+                continue
+            rows.append([o["type"], str(o["calls"]), fmt_num(o["time"], 3, f), _pct(o["ratio"])])
+        out.append(
+            TableBlock(
+                "overview",
+                "Overview Summary",
+                info
+                + [
+                    "time per type is the union of its events (overlaps merged), so no type "
+                    "exceeds 100%"
+                ],
+                [
+                    Column("Event type", "left"),
+                    Column("Calls"),
+                    Column(f"Time ({unit})"),
+                    Column("Ratio (%)"),
+                ],
+                rows,
+            )
+        )
+
+    if w.model is not None and show("model"):
+        block = model_block(w.model)
+        block.key = "window-model"
+        block.title = "Model Summary (window)"
+        out.append(block)
+
+    ops = s.get("operators", [])
+    if ops and show("op"):
+        rows = []
+        for r in sort_rows(ops, sort_by)[:limit]:
+            gpu = fmt_num(r.get("gpu_total"), 3, f)
+            flops = r.get("flops")
+            rows.append(
+                [
+                    _name(r["name"]),
+                    str(r["calls"]),
+                    *_times(r, f),
+                    _pct(r.get("ratio")),
+                    gpu,
+                    f"{flops / 1e6:.1f}" if flops else DASH,
+                ]
+            )
+            if view.get("op_detail"):
+                for k in sort_rows(r.get("kernels", []), "cpu-total"):
+                    rows.append(
+                        [
+                            "  " + _name(k["name"], 54),
+                            str(k["calls"]),
+                            *([DASH] * 5),
+                            fmt_num(k.get("total"), 3, f),
+                            DASH,
+                        ]
+                    )
+        out.append(
+            TableBlock(
+                "operator",
+                "Operator Summary",
+                [f"sorted by {sort_by}", f"time unit: {unit}", f"{len(ops)} operators"],
+                [
+                    Column("Name", "left"),
+                    Column("Calls"),
+                    *_time_columns("CPU"),
+                    Column("Ratio (%)"),
+                    Column("GPU Total"),
+                    Column("MFLOPs"),
+                ],
+                rows,
+                footer=["An operator's time includes the operators it calls."],
+            )
+        )
+
+    kernels = s.get("kernels", [])
+    if kernels and show("kernel"):
+        rows = [
+            [_name(r["name"]), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
+            for r in sort_rows(kernels, sort_by)[:limit]
+        ]
+        out.append(
+            TableBlock(
+                "kernel",
+                "Kernel Summary",
+                [f"sorted by {sort_by}", f"time unit: {unit}"],
+                [
+                    Column("Name", "left"),
+                    Column("Calls"),
+                    *_time_columns("GPU"),
+                    Column("Ratio (%)"),
+                ],
+                rows,
+            )
+        )
+
+    if show("dist"):
+        rows = []
+        for rw in w.ranks:
+            d = rw.summary.get("distributed", {})
+            for side in ("cpu", "gpu"):
+                x = d.get(side) or {}
+                if not x.get("communication") and not x.get("computation"):
+                    continue
+                if side == "gpu" and not x.get("communication") and not kernels:
+                    continue
+                rows.append(
+                    [
+                        f"rank {rw.rank} ({side.upper()})",
+                        _share(x, "communication", f),
+                        _share(x, "computation", f),
+                        _share(x, "overlap", f),
+                    ]
+                )
+        if any(r[1].split()[0] not in ("0.000", DASH) for r in rows):
+            comm = [
+                (
+                    rw.rank,
+                    (rw.summary.get("distributed", {}).get("cpu") or {}).get("communication")
+                    or 0.0,
+                )
+                for rw in w.ranks
+            ]
+            footer = []
+            if len(comm) > 1:
+                most = max(comm, key=lambda c: c[1])
+                least = min(comm, key=lambda c: c[1])
+                footer.append(
+                    f"rank {most[0]} spends the most time in communication "
+                    f"({fmt_num(most[1], 3, f)} {unit} vs {fmt_num(least[1], 3, f)} {unit} on "
+                    f"rank {least[0]}): it waits on the others"
+                )
+            out.append(
+                TableBlock(
+                    "distributed",
+                    "Distributed Summary",
+                    [f"time unit: {unit}; ratio of the window"],
+                    [
+                        Column("Rank", "left"),
+                        Column("Communication"),
+                        Column("Computation"),
+                        Column("Overlap"),
+                    ],
+                    rows,
+                    footer=footer,
+                )
+            )
+
+    mm = s.get("memory_manipulation") or {}
+    if show("memcpy") and (mm.get("copies") or mm.get("sync_calls")):
+        rows = [
+            [
+                r["name"],
+                str(r["calls"]),
+                *_times(r, f),
+                f"{r['calls'] / steps:.2f}" if steps else DASH,
+            ]
+            for r in mm.get("copies", [])
+        ]
+        rows.append(
+            [
+                "Synchronous copies (.item(), .cpu(), synchronize)",
+                str(mm.get("sync_calls", 0)),
+                *([DASH] * 4),
+                f"{mm['sync_per_step']:.2f}" if mm.get("sync_per_step") is not None else DASH,
+            ]
+        )
+        out.append(
+            TableBlock(
+                "memcpy",
+                "Memory Manipulation Summary",
+                [f"time unit: {unit}"],
+                [
+                    Column("Name", "left"),
+                    Column("Calls"),
+                    *_time_columns("GPU"),
+                    Column("Per step"),
+                ],
+                rows,
+                footer=["Each synchronous copy stalls the CPU until the device catches up."],
+            )
+        )
+
+    mem = s.get("memory") or {}
+    if show("mem") and mem.get("recorded"):
+        rows = [
+            [dev, fmt_bytes(d.get("peak_allocated")), fmt_bytes(d.get("peak_reserved"))]
+            for dev, d in sorted((mem.get("devices") or {}).items())
+        ]
+        for phase, peak in sorted((mem.get("peak_by_phase") or {}).items()):
+            rows.append([f"  peak during {phase}", fmt_bytes(peak), DASH])
+        for a in (mem.get("top_allocators") or [])[:limit]:
+            rows.append([f"  allocated by {a['name']}", fmt_bytes(a["bytes"]), DASH])
+        out.append(
+            TableBlock(
+                "memory",
+                "Memory Summary",
+                [],
+                [
+                    Column("Device / phase / operator", "left"),
+                    Column("Allocated"),
+                    Column("Reserved"),
+                ],
+                rows,
+            )
+        )
+
+    user = s.get("user_defined", [])
+    if user:
+        rows = [
+            [_name(r["name"]), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
+            for r in sort_rows(user, sort_by)[:limit]
+        ]
+        out.append(
+            TableBlock(
+                "userdefined",
+                "UserDefined Summary",
+                [f"time unit: {unit}"],
+                [
+                    Column("Name", "left"),
+                    Column("Calls"),
+                    *_time_columns("CPU"),
+                    Column("Ratio (%)"),
+                ],
+                rows,
+            )
+        )
+    trace = s.get("trace")
+    if trace:
+        out.append(
+            LinesBlock(
+                "trace",
+                None,
+                [
+                    f"Trace of the window (rank {ref.rank}): {trace} in the run folder; open it in "
+                    "https://ui.perfetto.dev or TensorBoard's profiler plugin "
+                    f"(exported in {s.get('export_seconds', 0):.2f} s)"
+                ],
+                "info",
+                False,
+            )
+        )
+    return out

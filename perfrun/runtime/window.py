@@ -1,0 +1,205 @@
+"""The detailed window: torch.profiler over steps [START, END), driven by
+perfrun's own step counter (no `prof.step()` in the script).
+
+The profiler starts one step before START where there is room (a warm-up
+step whose events are discarded, as Paddle's READY state does) and records
+END - START steps. During the window perfrun's steps and phases are also
+recorded as `record_function` ranges, so they show in the trace, and get a
+track of their own there. When the window closes the trace is exported into
+the run folder and summarised (analysis/trace.py) into the rank's results,
+so `perfrun report` prints the window tables without re-reading the trace.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from typing import Any, Optional
+
+from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, summarize
+from ..results import atomic_write_text
+from .gpu import PHASE_NAMES
+
+# A trace larger than this is written gzipped (Perfetto and TensorBoard read both).
+GZIP_ABOVE = 8 << 20
+PERFRUN_TRACK_TID = "perfrun steps and phases"
+
+
+class ProfilerWindow:
+    def __init__(self, agent: Any, torch: Any) -> None:
+        settings = agent.settings
+        assert settings.scheduler is not None
+        self.agent = agent
+        self.torch = torch
+        self.start, self.end = settings.scheduler
+        self.warm = 1 if self.start > 0 else 0
+        self.state = "waiting"  # waiting -> running -> done
+        self.prof: Any = None
+        self.recorded_from: Optional[int] = None
+        self.last_index = -1
+        self._handles: list[Any] = []
+        self._step_handle: Any = None
+        self._enter = torch.ops.profiler._record_function_enter_new
+        self._exit = torch.ops.profiler._record_function_exit
+        self.result: Optional[dict[str, Any]] = None
+
+    # -- step callbacks ----------------------------------------------------------
+
+    def step_begin(self, index: int, t: float) -> None:
+        self.last_index = index
+        if self.state == "waiting":
+            if index == self.start - self.warm or (
+                index > self.start - self.warm and index < self.end
+            ):
+                self._start(index)
+            else:
+                return
+        elif self.state == "running":
+            self.prof.step()
+            if index >= self.end:
+                self._stop()
+                return
+        if self.state == "running" and index >= self.start:
+            self._step_handle = self._enter(f"{STEP_PREFIX}{index}", None)
+
+    def step_end(self, index: int, t: float, committed: bool) -> None:
+        if self._step_handle is not None:
+            handle, self._step_handle = self._step_handle, None
+            self._exit(handle)
+
+    def edge(self, kind: int, enter: bool, is_eval: bool) -> None:
+        if self.state != "running":
+            return
+        if enter:
+            name = "Eval" if is_eval else PHASE_NAMES[kind]
+            self._handles.append(self._enter(PHASE_PREFIX + name, None))
+        elif self._handles:
+            self._exit(self._handles.pop())
+
+    # -- the profiler ------------------------------------------------------------
+
+    def _start(self, index: int) -> None:
+        torch = self.torch
+        settings = self.agent.settings
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        warm = 1 if index < self.start else 0
+        active = self.end - max(index + warm, self.start)
+        self.recorded_from = max(index + warm, self.start)
+        self.prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=0, warmup=warm, active=active, repeat=1),
+            on_trace_ready=self._ready,
+            record_shapes=settings.record_shapes or settings.detailed,
+            profile_memory=settings.profile_memory or settings.detailed,
+            with_stack=settings.with_stack,
+            with_flops=settings.with_flops or settings.detailed,
+        )
+        self.prof.start()
+        self.state = "running"
+
+    def _stop(self) -> None:
+        prof, self.prof = self.prof, None
+        while self._handles:
+            self._exit(self._handles.pop())
+        if self._step_handle is not None:
+            self._exit(self._step_handle)
+            self._step_handle = None
+        if prof is not None:
+            prof.stop()
+        self.state = "done"
+
+    def finish(self) -> None:
+        """The run ended: close a window that is still open (the script ran
+        out of steps inside it) and export what it recorded."""
+        if self.state == "running" and self.last_index >= self.end - 1:
+            self._stop()  # --stop-after-window: every step was recorded
+        elif self.state == "running":
+            self.agent.notes.append(
+                f"detailed window [{self.start}, {self.end}) ended early: the script's last "
+                f"step was {self.last_index}"
+            )
+            self._stop()
+        elif self.state == "waiting":
+            self.agent.notes.append(
+                f"detailed window [{self.start}, {self.end}) never opened: the script ran "
+                f"{self.last_index + 1} steps"
+            )
+
+    def _ready(self, prof: Any) -> None:
+        try:
+            self._export(prof)
+        except Exception as exc:
+            self.agent.record_fault("window.export", exc)
+        finally:
+            self.state = "done"
+
+    def _export(self, prof: Any) -> None:
+        t0 = time.perf_counter()
+        agent = self.agent
+        folder = os.path.join(agent.run_dir, "trace")
+        os.makedirs(folder, exist_ok=True)
+        stem = f"rank{agent.rank}" + (f".restart{agent.restart}" if agent.restart else "")
+        raw = os.path.join(folder, f".{stem}.raw.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, encoding="utf-8") as f:
+            trace = json.load(f)
+        os.unlink(raw)
+        events = trace.get("traceEvents", [])
+        steps = self.end - (self.recorded_from or self.start)
+        if self.last_index < self.end - 1:
+            steps = max(0, self.last_index + 1 - (self.recorded_from or self.start))
+        summary = summarize(events, steps)
+        events.extend(_perfrun_track(events))
+        text = json.dumps(trace)
+        name = f"{stem}.pt.trace.json"
+        path = os.path.join(folder, name)
+        if len(text) > GZIP_ABOVE:
+            path += ".gz"
+            data = gzip.compress(text.encode(), compresslevel=3)
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        else:
+            atomic_write_text(path, text)
+        summary["trace"] = os.path.relpath(path, agent.run_dir)
+        summary["range"] = [self.recorded_from, self.end]
+        summary["export_seconds"] = time.perf_counter() - t0
+        self.result = summary
+
+
+def _perfrun_track(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of perfrun's step and phase ranges on a track of their own, so
+    the step structure is visible even where no torch event is."""
+    out: list[dict[str, Any]] = []
+    pid = None
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") == "user_annotation" and name.startswith(PHASE_PREFIX) and "dur" in e:
+            pid = e.get("pid") if pid is None else pid
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "perfrun",
+                    "name": name[len(PHASE_PREFIX) :],
+                    "pid": e.get("pid"),
+                    "tid": PERFRUN_TRACK_TID,
+                    "ts": e["ts"],
+                    "dur": e["dur"],
+                }
+            )
+    if pid is not None:
+        out.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": PERFRUN_TRACK_TID,
+                "args": {"name": PERFRUN_TRACK_TID},
+            }
+        )
+    return out

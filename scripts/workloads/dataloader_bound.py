@@ -1,0 +1,89 @@
+"""Benchmark workload (c): a loop that waits on its DataLoader. Two worker
+processes build each item with some CPU work; the model step in the main
+process is small, so step time is set by the data pipeline.
+
+    python dataloader_bound.py [STEPS] [WARMUP]
+
+The script times its own steady-state steps (fetch included) with
+time.perf_counter and ends with one line:
+    BENCH {"median_step_s": ..., "steps": N, ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from time import perf_counter
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+BATCH, FEATURES, CLASSES = 16, 64, 10
+
+
+class SyntheticImages(Dataset):
+    """Each item is "decoded and augmented" on the CPU: a few small matrix
+    products and non-linearities on a per-item random tensor."""
+
+    def __init__(self, length: int, work: int = 6) -> None:
+        self.length = length
+        self.work = work
+        g = torch.Generator().manual_seed(1)
+        self.kernel = torch.randn(FEATURES, FEATURES, generator=g) / FEATURES**0.5
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(index)
+        x = torch.randn(FEATURES, FEATURES, generator=g)
+        for _ in range(self.work):
+            x = torch.tanh(x @ self.kernel)
+        return x.mean(dim=0), index % CLASSES
+
+
+def report(name: str, marks: list[float], warmup: int) -> None:
+    """A step lasts from the end of the previous step to the end of its own,
+    so anything between steps (here: the fetch) is counted."""
+    durations = [b - a for a, b in zip(marks[warmup - 1 : -1], marks[warmup:])]
+    result = {
+        "workload": name,
+        "median_step_s": statistics.median(durations),
+        "mean_step_s": statistics.fmean(durations),
+        "steps": len(durations),
+        "warmup": warmup,
+        "torch": torch.__version__,
+    }
+    print("BENCH " + json.dumps(result), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("steps", type=int, nargs="?", default=300)
+    parser.add_argument("warmup", type=int, nargs="?", default=20)
+    args = parser.parse_args(argv)
+    warmup = max(1, args.warmup)
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    total = warmup + args.steps
+    loader = DataLoader(SyntheticImages(total * BATCH), batch_size=BATCH, num_workers=2)
+    model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    marks: list[float] = []
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        marks.append(perf_counter())
+    report("dataloader_bound", marks, warmup)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

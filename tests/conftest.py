@@ -1,0 +1,155 @@
+"""Shared fixtures. Each section belongs to the tests named in its heading."""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------
+# End-to-end runs of real scripts (test_e2e_training.py)
+#
+# `run_perfrun(*args)` runs `python -m perfrun --log-dir <tmp>/log ARGS...` in
+# a real subprocess, from the test's own temporary folder, and returns a
+# `PerfrunRun` with the exit status, the captured output and the run folder.
+# ---------------------------------------------------------------------------
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from perfrun.results import RankResult, RunResults, read_run
+
+#: A run that takes longer than this is hung, not slow.
+E2E_TIMEOUT = 120
+
+
+def e2e_environment() -> dict[str, str]:
+    """The environment both perfrun and a direct `python script.py` get:
+    the test process's own, without anything perfrun would pass to a child."""
+    env = dict(os.environ)
+    env.pop("PERFRUN_SETTINGS", None)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+@dataclass
+class PerfrunRun:
+    """What one `perfrun` invocation left behind."""
+
+    args: list[str]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    log_dir: Path
+    report_path: Optional[Path]
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def describe(self) -> str:
+        """For assertion messages: the command and what it printed."""
+        return (
+            f"perfrun {' '.join(self.args)} -> {self.returncode}\n"
+            f"--- stdout ---\n{self.out}\n--- stderr ---\n{self.err}"
+        )
+
+    @property
+    def run_dir(self) -> Path:
+        """The one run folder in the log folder (`latest` is a link to it)."""
+        runs = [p for p in self.log_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+        assert len(runs) == 1, f"expected one run folder, found {runs}\n{self.describe()}"
+        return runs[0]
+
+    def results(self) -> RunResults:
+        return read_run(str(self.run_dir))
+
+    def rank0(self) -> RankResult:
+        ranks = self.results().ranks
+        assert [r.rank for r in ranks] == [0], self.describe()
+        return ranks[0]
+
+    def report(self) -> dict[str, Any]:
+        """The JSON report: the file written by `--format json --output`, or,
+        for runs that printed tables, the same document built from the run
+        folder."""
+        if self.report_path is not None:
+            return json.loads(self.report_path.read_text(encoding="utf-8"))
+        from perfrun.analysis.summary import build_report
+
+        return build_report(self.results()).to_dict()
+
+
+RunPerfrun = Callable[..., PerfrunRun]
+
+
+@pytest.fixture
+def run_perfrun(tmp_path: Path) -> RunPerfrun:
+    """Run perfrun for real. `json_report=True` (the default) adds
+    `--format json --output <tmp>/report.json`; pass False to get the tables
+    on stdout."""
+    counter = [0]
+
+    def run(
+        *args: str,
+        json_report: bool = True,
+        env: Optional[dict[str, str]] = None,
+        timeout: float = E2E_TIMEOUT,
+    ) -> PerfrunRun:
+        counter[0] += 1
+        n = counter[0]
+        log_dir = tmp_path / ("log" if n == 1 else f"log{n}")
+        report_path = tmp_path / ("report.json" if n == 1 else f"report{n}.json")
+        options: list[str] = ["--log-dir", str(log_dir)]
+        if json_report:
+            options += ["--format", "json", "--output", str(report_path)]
+        argv = [*options, *args]
+        proc = subprocess.run(
+            [sys.executable, "-m", "perfrun", *argv],
+            cwd=tmp_path,
+            env=e2e_environment() if env is None else env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+        return PerfrunRun(
+            args=argv,
+            returncode=proc.returncode,
+            stdout=proc.stdout,
+            stderr=proc.stderr,
+            log_dir=log_dir,
+            report_path=report_path if json_report else None,
+        )
+
+    return run
+
+
+@pytest.fixture
+def run_python(tmp_path: Path) -> Callable[..., bytes]:
+    """`python ARGS...` as a user would run it, from the same folder and with
+    the same environment as `run_perfrun`; returns its stdout."""
+
+    def run(*args: str, timeout: float = E2E_TIMEOUT) -> bytes:
+        proc = subprocess.run(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            env=e2e_environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+        return proc.stdout
+
+    return run
+
+# ---------------------------------------------------------------------------
+# End of the end-to-end training section.
+# ---------------------------------------------------------------------------

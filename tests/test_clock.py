@@ -1,0 +1,300 @@
+"""PhaseClock: the phase stack between the hooks and the step tracker.
+
+A recording tracker stands in for StepTracker, so these tests see exactly what
+the clock reports (which phase, when, how much of it was its own) and nothing
+of step detection. Time comes from a fake clock moved by hand; every duration
+is a small integer, so the sums and differences compared below are exact.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+from perfrun.runtime.clock import PhaseClock
+from perfrun.runtime.steps import BWD, DATA, FWD, OPT, ZERO, StepTracker
+
+
+class FakeTime:
+    """A clock that only moves when told to."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def run(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class RecordingTracker:
+    """Records the calls the clock makes; `begin` answers "evaluation" for
+    the kinds listed in `eval_kinds` when gradients are off."""
+
+    def __init__(self, eval_kinds: tuple[int, ...] = ()) -> None:
+        self.eval_kinds = eval_kinds
+        self.calls: list[tuple[Any, ...]] = []
+
+    def begin(self, kind: int, t: float, grad: bool = True, ident: object = None) -> bool:
+        self.calls.append(("begin", kind, t, grad, ident))
+        return not grad and kind in self.eval_kinds
+
+    def end(self, kind: int, t: float, exclusive: float, is_eval: bool = False) -> None:
+        self.calls.append(("end", kind, t, exclusive, is_eval))
+
+
+def make_clock(
+    eval_kinds: tuple[int, ...] = (),
+) -> tuple[PhaseClock, RecordingTracker, FakeTime]:
+    time = FakeTime(100.0)
+    tracker = RecordingTracker(eval_kinds)
+    clock = PhaseClock(tracker, now=time)  # type: ignore[arg-type]
+    return clock, tracker, time
+
+
+def test_top_level_phase_reports_begin_and_its_whole_duration() -> None:
+    clock, tracker, time = make_clock()
+    clock.enter(FWD, True, "model")
+    assert clock.depth() == 1
+    time.run(4)
+    clock.exit()
+    assert clock.depth() == 0
+    assert tracker.calls == [
+        ("begin", FWD, 100.0, True, "model"),
+        ("end", FWD, 104.0, 4.0, False),
+    ]
+
+
+def test_nested_phase_is_subtracted_from_its_parent() -> None:
+    # LBFGS: optimizer.step(closure) runs zero_grad, forward and backward.
+    clock, tracker, time = make_clock()
+    clock.enter(OPT, True, "lbfgs")
+    time.run(1)
+    clock.enter(ZERO, True, "lbfgs")
+    time.run(1)
+    clock.exit()
+    clock.enter(FWD, True, "model")
+    time.run(4)
+    clock.exit()
+    clock.enter(BWD)
+    time.run(8)
+    clock.exit()
+    time.run(2)
+    clock.exit()
+    # Only the outermost phase is announced to the tracker...
+    assert [c for c in tracker.calls if c[0] == "begin"] == [("begin", OPT, 100.0, True, "lbfgs")]
+    # ...but every phase ends with its own (exclusive) time.
+    assert [c for c in tracker.calls if c[0] == "end"] == [
+        ("end", ZERO, 102.0, 1.0, False),
+        ("end", FWD, 106.0, 4.0, False),
+        ("end", BWD, 114.0, 8.0, False),
+        ("end", OPT, 116.0, 3.0, False),
+    ]
+    exclusive = sum(c[3] for c in tracker.calls if c[0] == "end")
+    assert exclusive == 16.0  # the wall time of the outer call, counted once
+
+
+def test_three_levels_each_subtracts_only_its_direct_children() -> None:
+    clock, tracker, time = make_clock()
+    clock.enter(OPT)
+    time.run(2)
+    clock.enter(FWD)
+    time.run(3)
+    clock.enter(BWD)
+    time.run(5)
+    clock.exit()
+    time.run(1)
+    clock.exit()
+    time.run(4)
+    clock.exit()
+    ends = [(c[1], c[3]) for c in tracker.calls if c[0] == "end"]
+    assert ends == [(BWD, 5.0), (FWD, 4.0), (OPT, 6.0)]
+    assert sum(e for _, e in ends) == 15.0
+
+
+def test_same_kind_nesting_is_one_call() -> None:
+    # GradScaler.step calling optimizer.step: one optimization call whose
+    # time is the outer call's.
+    clock, tracker, time = make_clock()
+    clock.enter(OPT, True, "scaler")
+    time.run(1)
+    clock.enter(OPT, True, "sgd")
+    assert clock.depth() == 2
+    time.run(2)
+    clock.exit()
+    time.run(1)
+    clock.exit()
+    assert clock.depth() == 0
+    assert tracker.calls == [
+        ("begin", OPT, 100.0, True, "scaler"),
+        ("end", OPT, 104.0, 4.0, False),
+    ]
+
+
+def test_same_kind_nesting_several_deep_is_one_call() -> None:
+    clock, tracker, time = make_clock()
+    clock.enter(OPT, True, "a")
+    clock.enter(OPT, True, "b")
+    clock.enter(OPT, True, "c")
+    time.run(3)
+    clock.exit()
+    clock.exit()
+    time.run(1)
+    clock.exit()
+    assert tracker.calls == [
+        ("begin", OPT, 100.0, True, "a"),
+        ("end", OPT, 104.0, 4.0, False),
+    ]
+
+
+def test_phase_inside_a_same_kind_nested_call_is_still_subtracted() -> None:
+    # An LBFGS subclass whose step calls super().step(closure): both steps
+    # are wrapped (one optimization call), and the closure's forward and
+    # backward are still their own phases, not optimization time.
+    clock, tracker, time = make_clock()
+    clock.enter(OPT, True, "my_lbfgs")
+    time.run(1)
+    clock.enter(OPT, True, "my_lbfgs")
+    time.run(1)
+    clock.enter(FWD, True, "model")
+    time.run(4)
+    clock.exit()
+    clock.enter(BWD)
+    time.run(8)
+    clock.exit()
+    time.run(1)
+    clock.exit()
+    time.run(1)
+    clock.exit()
+    assert clock.depth() == 0
+    assert [c for c in tracker.calls if c[0] == "end"] == [
+        ("end", FWD, 106.0, 4.0, False),
+        ("end", BWD, 114.0, 8.0, False),
+        ("end", OPT, 116.0, 4.0, False),
+    ]
+
+
+def test_nested_phase_inherits_the_eval_flag_of_the_top_level_one() -> None:
+    clock, tracker, time = make_clock(eval_kinds=(FWD,))
+    clock.enter(FWD, False, "model")
+    time.run(2)
+    clock.enter(DATA, False)  # a fetch made inside an evaluation forward
+    time.run(1)
+    clock.exit()
+    clock.exit()
+    assert tracker.calls == [
+        ("begin", FWD, 100.0, False, "model"),
+        ("end", DATA, 103.0, 1.0, True),
+        ("end", FWD, 103.0, 2.0, True),
+    ]
+
+
+def test_listener_sees_only_top_level_edges() -> None:
+    clock, _tracker, time = make_clock(eval_kinds=(FWD,))
+    edges: list[tuple[int, bool, bool]] = []
+    clock.listener = lambda kind, enter, is_eval: edges.append((kind, enter, is_eval))
+    clock.enter(OPT)
+    clock.enter(FWD)
+    time.run(1)
+    clock.exit()
+    clock.enter(OPT)
+    clock.exit()
+    clock.exit()
+    clock.enter(FWD, False)
+    clock.exit()
+    assert edges == [
+        (OPT, True, False),
+        (OPT, False, False),
+        (FWD, True, True),
+        (FWD, False, True),
+    ]
+
+
+def test_abort_drops_the_phase_without_ending_it() -> None:
+    clock, tracker, time = make_clock(eval_kinds=(DATA,))
+    edges: list[tuple[int, bool, bool]] = []
+    clock.listener = lambda kind, enter, is_eval: edges.append((kind, enter, is_eval))
+    clock.enter(DATA, False)
+    time.run(3)
+    assert clock.abort() == (100.0, True)
+    assert clock.depth() == 0
+    # The tracker heard the start, never an end; the listener saw both edges.
+    assert tracker.calls == [("begin", DATA, 100.0, False, None)]
+    assert edges == [(DATA, True, True), (DATA, False, True)]
+
+
+def test_abort_of_a_nested_phase_leaves_its_time_to_the_parent() -> None:
+    clock, tracker, time = make_clock()
+    clock.enter(FWD)
+    time.run(1)
+    clock.enter(DATA)
+    time.run(2)
+    assert clock.abort() == (101.0, False)
+    time.run(1)
+    clock.exit()
+    assert tracker.calls[-1] == ("end", FWD, 104.0, 4.0, False)
+
+
+def test_abort_of_a_folded_call_returns_now() -> None:
+    clock, tracker, time = make_clock()
+    clock.enter(DATA)
+    time.run(1)
+    clock.enter(DATA)
+    time.run(1)
+    assert clock.abort() == (102.0, False)
+    assert clock.depth() == 1
+    time.run(1)
+    clock.exit()
+    assert tracker.calls[-1] == ("end", DATA, 103.0, 3.0, False)
+
+
+def test_exit_with_nothing_open_is_ignored() -> None:
+    clock, tracker, _time = make_clock()
+    clock.exit()
+    assert tracker.calls == []
+    assert clock.depth() == 0
+
+
+def test_unwind_closes_every_open_phase_innermost_first() -> None:
+    clock, tracker, time = make_clock()
+    clock.enter(OPT)
+    time.run(1)
+    clock.enter(FWD)
+    time.run(2)
+    clock.enter(FWD)  # folded
+    time.run(3)
+    clock.unwind()
+    assert clock.depth() == 0
+    assert [c for c in tracker.calls if c[0] == "end"] == [
+        ("end", FWD, 106.0, 5.0, False),
+        ("end", OPT, 106.0, 1.0, False),
+    ]
+
+
+def test_clock_feeds_a_real_tracker_exclusive_times() -> None:
+    time = FakeTime()
+    tracker = StepTracker()
+    tracker.optimizer_seen = True
+    clock = PhaseClock(tracker, now=time)
+    for _ in range(2):
+        clock.enter(OPT, True, "lbfgs")
+        time.run(1)
+        clock.enter(FWD, True, "model")
+        time.run(4)
+        clock.exit()
+        clock.enter(BWD)
+        time.run(8)
+        clock.exit()
+        time.run(1)
+        clock.exit()
+    tracker.finish(time())
+    assert [r[:11] for r in tracker.rows] == [
+        [0.0, 14.0, 0.0, 4.0, 8.0, 2.0, 0.0, 0, 1, 1, 1],
+        [14.0, 28.0, 0.0, 4.0, 8.0, 2.0, 0.0, 0, 1, 1, 1],
+    ]
+
+
+def test_default_clock_reads_perf_counter() -> None:
+    clock = PhaseClock(StepTracker())
+    assert clock.now is perf_counter

@@ -1,0 +1,670 @@
+"""perfrun as a process: real runs of tiny scripts with real torch on CPU.
+
+What users see of the launcher itself: the script behaves exactly as under
+`python script.py` (exit status, output, traceback, argv, sys.path, cwd,
+environment), signals end perfrun the way they end the script, ranks and
+DataLoader workers are told apart, the user's own sitecustomize still runs,
+expected errors are one line with a documented exit code, `--nsys` builds
+the right command, and the YAML config is honoured.
+
+perfrun is always started as `python -m perfrun` in a subprocess, with the
+test's tmp_path as working directory and log folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from perfrun.exitcodes import ExitCode
+from perfrun.results import VERSION
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TRAIN = SCRIPTS / "proc_train.py"
+DDP = SCRIPTS / "proc_ddp.py"
+ENV_SCRIPT = SCRIPTS / "proc_env.py"
+EXIT_SCRIPT = SCRIPTS / "proc_exit.py"
+BOOT_DIR = Path(__file__).parent.parent / "perfrun" / "boot"
+
+TIMEOUT = 90
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def base_env(pythonpath: Optional[str] = None, **extra: str) -> dict[str, str]:
+    """The environment both `python` and `perfrun` get: the test's own, with
+    no perfrun state leaking in and PYTHONPATH exactly as the test wants."""
+    env = dict(os.environ)
+    env.pop("PERFRUN_SETTINGS", None)
+    env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def perfrun(
+    *args: str, cwd: Path, env: Optional[dict[str, str]] = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "perfrun", *args],
+        cwd=cwd,
+        env=env if env is not None else base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def python(
+    *args: str, cwd: Path, env: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env if env is not None else base_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def run_dir_of(log_dir: Path) -> Path:
+    """The one run folder a test's log folder holds."""
+    runs = [p for p in log_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def rank_data(run_dir: Path, rank: int = 0) -> dict:
+    return json.loads((run_dir / f"rank{rank}.json").read_text())
+
+
+def rows(run_dir: Path, rank: int = 0) -> list:
+    return rank_data(run_dir, rank)["steps"]["rows"]
+
+
+def steps_printed(stdout: str) -> int:
+    return len(re.findall(r"^step \d+ done$", stdout, flags=re.M))
+
+
+def script_stderr(stderr: str) -> list[str]:
+    """The script's own stderr: what perfrun printed after it (lines of its
+    own, `perfrun: ...`, and blank lines) taken off the end."""
+    lines = stderr.splitlines()
+    while lines and (lines[-1].startswith("perfrun: ") or not lines[-1].strip()):
+        lines.pop()
+    return lines
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"perfrun ended before {path.name} appeared:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path.name} did not appear in {timeout} s")
+        time.sleep(0.05)
+
+
+def seen_by_script(stdout: str) -> dict:
+    for line in stdout.splitlines():
+        if line.startswith("PROC_ENV "):
+            return json.loads(line[len("PROC_ENV ") :])
+    raise AssertionError(f"the script printed nothing:\n{stdout}")
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """An expected error: the documented status, one `perfrun: error:` line
+    on stderr, no traceback, nothing on stdout. Returns the line."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("perfrun: error: "), lines[0]
+    assert result.stdout == ""
+    return lines[0]
+
+
+# -- the script runs as under `python script.py` ----------------------------------------
+
+
+def test_exception_traceback_and_status_match_python(tmp_path: Path) -> None:
+    args = [str(TRAIN), "--steps", "6", "--raise-at", "3"]
+    plain = python(*args, cwd=tmp_path)
+    under = perfrun("--log-dir", str(tmp_path / "log"), *args, cwd=tmp_path)
+
+    assert plain.returncode == 1
+    assert under.returncode == plain.returncode
+    assert "ValueError: bad batch at step 3" in plain.stderr
+    assert script_stderr(under.stderr) == plain.stderr.splitlines()
+    assert under.stdout.startswith(plain.stdout)
+    run_dir = run_dir_of(tmp_path / "log")
+    data = rank_data(run_dir)
+    assert data["exit"]["exception"] == "ValueError"
+    assert len(rows(run_dir)) == 3
+    assert "rank 0: raised ValueError after 3 steps" in under.stdout
+
+
+def test_sys_exit_status_passes_through(tmp_path: Path) -> None:
+    plain = python(str(EXIT_SCRIPT), str(tmp_path / "m1"), "3", cwd=tmp_path)
+    under = perfrun(
+        "--log-dir", str(tmp_path / "log"), str(EXIT_SCRIPT), str(tmp_path / "m2"), "3",
+        cwd=tmp_path,
+    )
+    assert plain.returncode == 3
+    assert under.returncode == 3
+    assert under.stdout.startswith(plain.stdout)
+    assert script_stderr(under.stderr) == plain.stderr.splitlines()
+
+
+@pytest.mark.parametrize("with_pythonpath", [False, True], ids=["no-PYTHONPATH", "PYTHONPATH"])
+def test_script_sees_what_python_gives_it(tmp_path: Path, with_pythonpath: bool) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    pythonpath = f"{extra}{os.pathsep}{tmp_path / 'missing'}" if with_pythonpath else None
+    env = base_env(pythonpath)
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    script = os.path.relpath(ENV_SCRIPT, cwd)  # relative, as users type it
+    args = [script, "--lr", "0.1", "-c", "x"]
+    plain = seen_by_script(python(*args, cwd=cwd, env=env).stdout)
+    result = perfrun("--log-dir", str(tmp_path / "log"), *args, cwd=cwd, env=env)
+    assert result.returncode == 0, result.stderr
+    under = seen_by_script(result.stdout)
+
+    assert under == plain
+    assert under["argv"] == args
+    assert under["name"] == "__main__"
+    assert under["path"][0] == str(SCRIPTS.resolve())
+    assert under["cwd"] == str(cwd)
+    assert under["pythonpath"] == pythonpath
+    assert not under["settings_var"]
+    assert all(os.path.abspath(p or ".") != str(BOOT_DIR.resolve()) for p in under["path"])
+    assert (run_dir_of(tmp_path / "log") / "rank0.json").exists()
+
+
+def test_module_form_matches_python_m(tmp_path: Path) -> None:
+    env = base_env(str(SCRIPTS))
+    args = ["-m", "proc_env", "--lr", "0.1"]
+    plain = seen_by_script(python(*args, cwd=tmp_path, env=env).stdout)
+    result = perfrun("--log-dir", str(tmp_path / "log"), *args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    under = seen_by_script(result.stdout)
+
+    assert under == plain
+    assert under["argv"] == [str(SCRIPTS / "proc_env.py"), "--lr", "0.1"]
+    assert under["name"] == "__main__"
+    assert under["path"][0] == str(tmp_path)
+    assert under["pythonpath"] == str(SCRIPTS)
+    assert (run_dir_of(tmp_path / "log") / "rank0.json").exists()
+
+
+# -- signals ----------------------------------------------------------------------------
+
+
+def test_script_killed_by_sigkill(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    result = perfrun(
+        "--log-dir", str(log), "--flush-interval", "0.2",
+        str(TRAIN), "--steps", "8", "--kill-at", "4",
+        cwd=tmp_path,
+    )
+    # perfrun dies by the script's signal, after printing the report.
+    assert result.returncode == -signal.SIGKILL
+    run_dir = run_dir_of(log)
+    data = rank_data(run_dir)
+    assert data["status"] == "running"  # no final write: only periodic flushes
+    assert len(rows(run_dir)) == 4 == steps_printed(result.stdout)
+    assert f"Results: {run_dir}" in result.stdout
+    assert "rank 0: died after 4 steps" in result.stdout
+
+
+def _signal_perfrun(tmp_path: Path, signum: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """Start a long training run under perfrun, send `signum` to perfrun
+    (not to the script) once the script is training, and wait for the end."""
+    log = tmp_path / "log"
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "perfrun", "--log-dir", str(log),
+            str(TRAIN), "--steps", "400", "--sleep", "0.05",
+            "--ready-at", "3", "--ready-file", str(ready),
+        ],
+        cwd=tmp_path,
+        env=base_env(),
+        stdin=subprocess.DEVNULL,  # not a terminal: perfrun forwards SIGINT itself
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(ready, proc)
+    os.kill(proc.pid, signum)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return result, run_dir_of(log)
+
+
+def test_sigint_to_perfrun_interrupts_script_and_reports(tmp_path: Path) -> None:
+    result, run_dir = _signal_perfrun(tmp_path, signal.SIGINT)
+    # The script dies of its KeyboardInterrupt, which Python turns into death
+    # by SIGINT (as `python script.py` does); perfrun then dies the same way.
+    assert result.returncode == -signal.SIGINT
+    assert "KeyboardInterrupt" in script_stderr(result.stderr)[-1]
+    n = steps_printed(result.stdout)
+    assert n >= 3
+    assert "training finished" not in result.stdout
+    assert len(rows(run_dir)) == n
+    data = rank_data(run_dir)
+    assert data["status"] == "finished"
+    assert data["exit"]["exception"] == "KeyboardInterrupt"
+    assert f"Results: {run_dir}" in result.stdout
+    assert f"rank 0: raised KeyboardInterrupt after {n} steps" in result.stdout
+
+
+def test_sigterm_to_perfrun_is_forwarded_and_reports(tmp_path: Path) -> None:
+    result, run_dir = _signal_perfrun(tmp_path, signal.SIGTERM)
+    assert result.returncode == -signal.SIGTERM
+    n = steps_printed(result.stdout)
+    assert n >= 3
+    assert "training finished" not in result.stdout
+    assert len(rows(run_dir)) == n
+    data = rank_data(run_dir)
+    assert data["status"] == "signalled"
+    assert data["exit"]["signal"] == signal.SIGTERM
+    assert f"Results: {run_dir}" in result.stdout
+    assert f"rank 0: killed by SIGTERM after {n} steps" in result.stdout
+
+
+# -- distributed -------------------------------------------------------------------------
+
+
+def test_two_ranks_under_torchrun(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    result = perfrun(
+        "--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port()),
+        str(DDP), "--steps", "5",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = run_dir_of(log)
+    assert sorted(p.name for p in run_dir.glob("rank*.json")) == ["rank0.json", "rank1.json"]
+    for rank in (0, 1):
+        data = rank_data(run_dir, rank)
+        assert (data["rank"], data["world_size"], data["status"]) == (rank, 2, "finished")
+        assert len(data["steps"]["rows"]) == 5
+        assert f"rank {rank} of 2 done, sum 1" in result.stdout
+        assert re.search(rf"^{rank}\s+finished\s+5\s", result.stdout, flags=re.M), result.stdout
+    assert "Ranks: 2" in result.stdout
+
+
+def test_one_rank_raising_fails_the_run(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    # Rank 1 raises; rank 0 is busy elsewhere until torchrun stops it with
+    # SIGTERM, so the outcome does not depend on how gloo notices the loss.
+    result = perfrun(
+        "--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port()),
+        str(DDP), "--steps", "5", "--raise-rank", "1", "--raise-at", "2", "--others-wait",
+        cwd=tmp_path,
+    )
+    run_dir = run_dir_of(log)
+    assert "RuntimeError: rank 1 failed at step 2" in result.stderr
+    assert "rank 1: raised RuntimeError after 2 steps" in result.stdout
+    assert "rank 0: killed by SIGTERM after 2 steps" in result.stdout
+    assert rank_data(run_dir, 1)["exit"]["exception"] == "RuntimeError"
+    # The status `python -m torch.distributed.run` exits with: the SIGTERM
+    # rank 0 got was torchrun's own clean-up, not how the run ended.
+    assert result.returncode == 1
+
+
+# -- the user's own sitecustomize ------------------------------------------------------------
+
+
+def test_user_sitecustomize_still_runs(tmp_path: Path) -> None:
+    site = tmp_path / "usersite"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('print("USER-SITECUSTOMIZE-RAN", flush=True)\n')
+    env = base_env(str(site))
+    args = [str(TRAIN), "--steps", "5"]
+    result = perfrun("--log-dir", str(tmp_path / "log"), *args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("USER-SITECUSTOMIZE-RAN") == 1
+    assert result.stdout.startswith("USER-SITECUSTOMIZE-RAN\n")
+    assert len(rows(run_dir_of(tmp_path / "log"))) == 5
+
+
+def test_failing_user_sitecustomize_is_reported_like_python(tmp_path: Path) -> None:
+    site = tmp_path / "usersite"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('raise RuntimeError("user site is broken")\n')
+    env = base_env(str(site))
+    plain = python(str(EXIT_SCRIPT), str(tmp_path / "m"), cwd=tmp_path, env=env)
+    expected = [
+        "Error in sitecustomize; set PYTHONVERBOSE for traceback:",
+        "RuntimeError: user site is broken",
+    ]
+    assert plain.stderr.splitlines()[:2] == expected  # what Python itself prints
+
+    result = perfrun(
+        "--log-dir", str(tmp_path / "log"), str(TRAIN), "--steps", "5", cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[:2] == expected
+    assert result.stderr.count("Error in sitecustomize") == 1
+    assert "training finished" in result.stdout
+    assert len(rows(run_dir_of(tmp_path / "log"))) == 5
+
+
+# -- DataLoader workers are not ranks ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) -> None:
+    log = tmp_path / "log"
+    result = perfrun(
+        "--log-dir", str(log),
+        str(TRAIN), "--steps", "6", "--workers", "2", "--context", context,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "profiling disabled" not in result.stderr
+    run_dir = run_dir_of(log)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["rank0.json", "run.json"]
+    data = rank_data(run_dir)
+    assert len(data["steps"]["rows"]) == 6
+    assert [d["num_workers"] for d in data["dataloaders"]] == [2]
+
+
+# -- expected errors: one line, a documented status --------------------------------------------
+
+
+def _error_case(tmp_path: Path, *args: str, code: int, env: Optional[dict] = None) -> str:
+    marker = tmp_path / "marker"
+    result = perfrun(*args, str(EXIT_SCRIPT), str(marker), cwd=tmp_path, env=env)
+    line = assert_one_line_error(result, code)
+    assert not marker.exists(), "the script ran"
+    return line
+
+
+def test_script_not_found(tmp_path: Path) -> None:
+    result = perfrun("--log-dir", str(tmp_path / "log"), "no_such_script.py", cwd=tmp_path)
+    line = assert_one_line_error(result, ExitCode.NO_SCRIPT)
+    assert ExitCode.NO_SCRIPT == 65
+    assert "no_such_script.py" in line
+    assert not (tmp_path / "log").exists()
+
+
+def test_unknown_module(tmp_path: Path) -> None:
+    result = perfrun("--log-dir", str(tmp_path / "log"), "-m", "no_such_module_xyz", cwd=tmp_path)
+    line = assert_one_line_error(result, ExitCode.NO_SCRIPT)
+    assert "no_such_module_xyz" in line
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        (["--scheduler", "5", "5"], "END must be greater than START"),
+        (["--scheduler", "7", "3"], "END must be greater than START"),
+        (["--scheduler", "-1", "3"], "cannot be negative"),
+        (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+    ],
+    ids=["end-equals-start", "end-before-start", "negative", "nproc-0"],
+)
+def test_bad_settings_are_config_errors(tmp_path: Path, options: list, fragment: str) -> None:
+    assert ExitCode.CONFIG == 64
+    line = _error_case(tmp_path, "--log-dir", str(tmp_path / "log"), *options,
+                       code=ExitCode.CONFIG)
+    assert fragment in line
+    assert not (tmp_path / "log").exists()
+
+
+def test_malformed_yaml_config(tmp_path: Path) -> None:
+    config = tmp_path / "gpt.yaml"
+    config.write_text("Global:\n  seed: [1, 2\nProfiler:\n  enable: true\n")
+    line = _error_case(tmp_path, "--config", str(config), code=ExitCode.CONFIG)
+    assert "malformed YAML" in line
+    assert "line 3" in line
+
+
+def test_unknown_profiler_key_lists_valid_keys(tmp_path: Path) -> None:
+    config = tmp_path / "gpt.yaml"
+    config.write_text("Profiler:\n  enable: true\n  schedular: [2, 4]\n")
+    line = _error_case(tmp_path, "--config", str(config), code=ExitCode.CONFIG)
+    assert "schedular" in line
+    assert "valid keys: enable, scheduler, profiler_log" in line
+
+
+def test_script_option_after_script_shows_the_dash_dash_fix(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    result = perfrun(
+        str(EXIT_SCRIPT), str(marker), "--scheduler", "cosine", cwd=tmp_path
+    )
+    line = assert_one_line_error(result, ExitCode.USAGE)
+    assert f"perfrun {EXIT_SCRIPT} -- --scheduler cosine" in line
+    assert not marker.exists()
+
+
+def test_unwritable_log_dir_fails_before_the_script_runs(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # A folder under a regular file cannot be created, even by root.
+    line = _error_case(tmp_path, "--log-dir", str(blocker / "log"), code=ExitCode.CONFIG)
+    assert "cannot write to the log folder" in line
+
+
+def test_nsys_missing_fails_before_anything_runs(tmp_path: Path) -> None:
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = base_env(PATH=str(empty_bin))
+    line = _error_case(
+        tmp_path, "--log-dir", str(tmp_path / "log"), "--nsys", code=ExitCode.CONFIG, env=env
+    )
+    assert "nsys" in line
+    assert not (tmp_path / "log").exists()
+
+
+@pytest.fixture
+def finished_run(tmp_path: Path) -> Path:
+    """A real (torch-free, so quick) run folder to damage."""
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), str(EXIT_SCRIPT), str(tmp_path / "m"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_dir = run_dir_of(log)
+    ok = perfrun("report", str(run_dir), cwd=tmp_path)
+    assert ok.returncode in (ExitCode.OK, ExitCode.NO_MEASUREMENT), ok.stderr
+    return run_dir
+
+
+def test_report_on_truncated_rank_file(tmp_path: Path, finished_run: Path) -> None:
+    path = finished_run / "rank0.json"
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    result = perfrun("report", str(finished_run), cwd=tmp_path)
+    line = assert_one_line_error(result, ExitCode.BAD_RESULTS)
+    assert ExitCode.BAD_RESULTS == 66
+    assert "rank0.json" in line and "truncated" in line
+
+
+def test_report_on_future_version_file(tmp_path: Path, finished_run: Path) -> None:
+    path = finished_run / "rank0.json"
+    data = json.loads(path.read_text())
+    data["version"] = VERSION + 1
+    path.write_text(json.dumps(data))
+    result = perfrun("report", str(tmp_path / "log"), cwd=tmp_path)
+    line = assert_one_line_error(result, ExitCode.BAD_RESULTS)
+    assert f"version {VERSION + 1}" in line
+
+
+# -- --nsys ----------------------------------------------------------------------------------
+
+
+def fake_nsys(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A stand-in `nsys` first on PATH (Nsight Systems cannot be installed
+    here): it records its arguments and RANK, then runs the command after
+    `profile`'s options. It runs with -S so that, like the real (native)
+    nsys, it does not itself load perfrun's bootstrap."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "nsys-calls.jsonl"
+    script = bin_dir / "nsys"
+    script.write_text(
+        f"#!{sys.executable} -S\n"
+        "import json, os, sys\n"
+        "argv = sys.argv[1:]\n"
+        f"with open({str(calls)!r}, 'a') as f:\n"
+        "    f.write(json.dumps({'argv': argv, 'rank': os.environ.get('RANK')}) + '\\n')\n"
+        "i = next(i for i, a in enumerate(argv)\n"
+        f"         if a == {sys.executable!r} or a.endswith('python'))\n"
+        "os.execv(argv[i], argv[i:])\n"
+    )
+    script.chmod(0o755)
+    env = base_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return env, calls
+
+
+def nsys_option(argv: list[str], name: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+        if arg == name:
+            return argv[i + 1]
+    raise AssertionError(f"{name} not given to nsys: {argv}")
+
+
+def check_nsys_call(argv: list[str], run_dir: Path) -> str:
+    assert argv[0] == "profile"
+    traced = nsys_option(argv, "--trace").split(",")
+    assert "nvtx" in traced and "cuda" in traced
+    output = nsys_option(argv, "--output")
+    assert Path(output).resolve().parent.parent == run_dir.resolve()
+    return output
+
+
+def test_nsys_wraps_the_script(tmp_path: Path) -> None:
+    env, calls = fake_nsys(tmp_path)
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), "--nsys", str(TRAIN), "--steps", "5",
+                     cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    run_dir = run_dir_of(log)
+    entries = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert len(entries) == 1
+    check_nsys_call(entries[0]["argv"], run_dir)
+    assert entries[0]["argv"][-3:] == [str(TRAIN), "--steps", "5"]
+    assert "training finished" in result.stdout
+    assert len(rows(run_dir)) == 5
+
+
+def test_nsys_once_per_rank_under_torchrun(tmp_path: Path) -> None:
+    env, calls = fake_nsys(tmp_path)
+    log = tmp_path / "log"
+    result = perfrun(
+        "--log-dir", str(log), "--nsys", "--nproc-per-node", "2",
+        "--master-port", str(free_port()), str(DDP), "--steps", "3",
+        cwd=tmp_path, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = run_dir_of(log)
+    entries = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert sorted(e["rank"] for e in entries) == ["0", "1"]
+    for entry in entries:
+        output = check_nsys_call(entry["argv"], run_dir)
+        assert "%q{RANK}" in output
+    for rank in (0, 1):
+        assert len(rows(run_dir, rank)) == 3
+
+
+# -- YAML config -----------------------------------------------------------------------------
+
+
+GPT_CONFIG = """\
+Global:
+  device: gpu
+  seed: 1024
+  global_batch_size: 8
+  micro_batch_size: 4
+
+Engine:
+  max_steps: 500
+  logging_freq: 1
+  eval_freq: 500
+  mix_precision:
+    enable: False
+  save_load:
+    save_steps: 1000
+    output_dir: ./output
+
+Model:
+  module: "GPTModuleAuto"
+  name: "GPT"
+  vocab_size: 50304
+  hidden_size: 1024
+  num_layers: 4
+  use_recompute: False
+
+Optimizer:
+  name: FusedAdamW
+  weight_decay: 0.01
+  lr:
+    name: CosineAnnealingWithWarmupDecay
+    decay_steps: 360000
+    max_lr: 5.0e-5
+
+Profiler:
+  enable: True
+  scheduler: [2, 4]
+  profiler_log: {log}
+"""
+
+
+def _config_run(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess, Path]:
+    log = tmp_path / "profiler_log"
+    config = tmp_path / "pretrain_gpt.yaml"
+    config.write_text(GPT_CONFIG.format(log=log))
+    result = perfrun(
+        "--config", str(config), *options, str(TRAIN), "--steps", "6", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "perfrun_log").exists()
+    return result, run_dir_of(log)
+
+
+def test_paddle_gpt_config_is_honoured(tmp_path: Path) -> None:
+    result, run_dir = _config_run(tmp_path)
+    assert rank_data(run_dir)["window"] == [2, 4]
+    assert "Window: steps [2, 4)" in result.stdout
+    assert len(rows(run_dir)) == 6
+
+
+def test_command_line_scheduler_wins_over_config(tmp_path: Path) -> None:
+    result, run_dir = _config_run(tmp_path, "--scheduler", "1", "3")
+    assert rank_data(run_dir)["window"] == [1, 3]
+    assert "Window: steps [1, 3)" in result.stdout
+
+
+def test_override_sets_the_scheduler(tmp_path: Path) -> None:
+    result, run_dir = _config_run(tmp_path, "-o", "Profiler.scheduler=[1,3]")
+    assert rank_data(run_dir)["window"] == [1, 3]
+    assert "Window: steps [1, 3)" in result.stdout

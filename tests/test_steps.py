@@ -1,0 +1,790 @@
+"""Step boundaries: the rules in perfrun/runtime/steps.py, on hand-written
+event sequences.
+
+Each test plays a training (or inference) loop into a PhaseClock the way the
+torch hooks would, with a fake clock moved by hand, and checks the step rows
+the tracker produced. Durations are small integers, so every number below is
+exact and compared with `==`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import pytest
+
+from perfrun.analysis.summary import perf_summary
+from perfrun.results import COL, GPU_COLUMNS, PHASES, STEP_COLUMNS
+from perfrun.runtime.clock import PhaseClock
+from perfrun.runtime.steps import BWD, DATA, FWD, OPT, ZERO, StepTracker
+
+# What `ident` names in the hooks (id() of the module or optimizer).
+MODEL, LOSS, OPTIM, SCALER = "model", "loss", "optimizer", "scaler"
+
+
+class FakeTime:
+    """A clock that only moves when told to."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Script:
+    """Plays a script's calls into a PhaseClock the way perfrun's hooks do."""
+
+    def __init__(
+        self,
+        *,
+        optimizer: bool = True,
+        step_on: str = "auto",
+        on_begin: Any = None,
+        on_end: Any = None,
+    ) -> None:
+        self.time = FakeTime()
+        self.tracker = StepTracker(step_on, on_begin, on_end)
+        # The hooks set this when an optimizer is constructed.
+        self.tracker.optimizer_seen = optimizer
+        self.clock = PhaseClock(self.tracker, now=self.time)
+
+    @property
+    def now(self) -> float:
+        return self.time.t
+
+    def run(self, seconds: float) -> None:
+        """Untimed Python: loop body code, logging, a hand-written update."""
+        self.time.t += seconds
+
+    @contextmanager
+    def phase(self, kind: int, ident: object = None, grad: bool = True) -> Iterator[None]:
+        self.clock.enter(kind, grad, ident)
+        try:
+            yield
+        finally:
+            self.clock.exit()
+
+    def call(self, kind: int, seconds: float, ident: object = None, grad: bool = True) -> None:
+        with self.phase(kind, ident, grad):
+            self.run(seconds)
+
+    def forward(self, seconds: float, ident: object = MODEL, grad: bool = True) -> None:
+        self.call(FWD, seconds, ident, grad)
+
+    def backward(self, seconds: float) -> None:
+        self.call(BWD, seconds)
+
+    def zero_grad(self, seconds: float, ident: object = OPTIM) -> None:
+        self.call(ZERO, seconds, ident)
+
+    def step(self, seconds: float, ident: object = OPTIM) -> None:
+        self.call(OPT, seconds, ident)
+
+    def fetch(self, seconds: float, grad: bool = True, samples: int = 0) -> None:
+        """DataLoader.__next__ returning a batch of `samples`."""
+        self.call(DATA, seconds, None, grad)
+        if samples and self.tracker.open and self.clock.depth() == 0:
+            self.tracker.add_samples(samples)
+
+    def exhausted(self, seconds: float, grad: bool = True) -> None:
+        """DataLoader.__next__ raising StopIteration after `seconds`."""
+        self.clock.enter(DATA, grad, None)
+        self.run(seconds)
+        t1 = self.now
+        top = self.clock.depth() == 1
+        t0, is_eval = self.clock.abort()
+        if top:
+            self.tracker.stop_iteration(t0, t1, is_eval)
+
+    def new_iterator(self, seconds: float) -> None:
+        """DataLoader.__iter__ (worker start-up) taking `seconds`."""
+        t0 = self.now
+        self.run(seconds)
+        if not self.clock.stack:
+            self.tracker.excluded(t0, self.now)
+
+    def finish(self) -> list[list]:
+        self.clock.unwind()
+        self.tracker.finish(self.now)
+        return self.tracker.rows
+
+
+def row(
+    start: float,
+    end: float,
+    *,
+    dataloader: float = 0.0,
+    forward: float = 0.0,
+    backward: float = 0.0,
+    optimization: float = 0.0,
+    excluded: float = 0.0,
+    calls: Sequence[int] = (0, 0, 0, 0),
+    samples: int = 0,
+) -> list[Any]:
+    """The row the tracker should have written (GPU columns left empty)."""
+    return [
+        start,
+        end,
+        dataloader,
+        forward,
+        backward,
+        optimization,
+        excluded,
+        *calls,
+        samples,
+        *([None] * len(GPU_COLUMNS)),
+    ]
+
+
+def step_time(r: Sequence[Any]) -> float:
+    return r[COL["end"]] - r[COL["start"]] - r[COL["excluded"]]
+
+
+def others(r: Sequence[Any]) -> float:
+    """Unclamped, so a phase counted outside its step shows as negative."""
+    return step_time(r) - sum(r[COL[p]] for p in PHASES)
+
+
+def assert_contiguous(rows: Sequence[Sequence[Any]]) -> None:
+    for prev, nxt in zip(rows, rows[1:]):
+        assert prev[COL["end"]] == nxt[COL["start"]]
+
+
+# -- one optimizer step per batch ---------------------------------------------
+
+
+def train_batch(s: Script, samples: int = 32) -> None:
+    """fetch 1, zero_grad 1, forward 4 + loss 1, backward 8, step 2, body 3:
+    a 20 s step."""
+    s.fetch(1, samples=samples)
+    s.zero_grad(1)
+    s.forward(4)
+    s.forward(1, LOSS)
+    s.backward(8)
+    s.step(2)
+    s.run(3)
+
+
+def train_row(start: float, *, excluded: float = 0.0, samples: int = 32) -> list[Any]:
+    return row(
+        start,
+        start + 20 + excluded,
+        dataloader=1,
+        forward=5,
+        backward=8,
+        optimization=3,
+        excluded=excluded,
+        calls=(1, 2, 1, 2),
+        samples=samples,
+    )
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_training_loop_with_dataloader_is_one_step_per_batch(n: int) -> None:
+    s = Script()
+    s.run(5)  # model and optimizer set-up
+    s.new_iterator(2)
+    for _ in range(n):
+        train_batch(s)
+    s.exhausted(1)
+    s.run(5)  # saving, tear-down
+    rows = s.finish()
+
+    assert rows == [train_row(7 + 20 * i) for i in range(n)]
+    assert all(len(r) == len(STEP_COLUMNS) for r in rows)
+    assert_contiguous(rows)
+    for r in rows:
+        assert step_time(r) == 20
+        assert others(r) == 3
+        assert r[COL["forward_calls"]] == 2
+    t = s.tracker
+    assert (t.init_calls, t.init_time, t.stop_calls, t.stop_time) == (1, 2.0, 1, 1.0)
+    assert (t.eval_spans, t.eval_time) == (0, 0.0)
+
+
+# Three orders of the same loop without a DataLoader: the leading event is
+# the first phase of the iteration. Each body is 16 s of phases plus 3 s of
+# untimed code (making the batch, logging).
+NO_LOADER_BODIES = {
+    "forward first": [(FWD, MODEL, 4), (FWD, LOSS, 1), (ZERO, OPTIM, 1), (BWD, None, 8),
+                      (OPT, OPTIM, 2)],
+    "zero_grad first": [(ZERO, OPTIM, 1), (FWD, MODEL, 4), (FWD, LOSS, 1), (BWD, None, 8),
+                        (OPT, OPTIM, 2)],
+    "zero_grad last": [(FWD, MODEL, 4), (FWD, LOSS, 1), (BWD, None, 8), (OPT, OPTIM, 2),
+                       (ZERO, OPTIM, 1)],
+}
+
+
+def play_no_loader(s: Script, body: list[tuple[int, Optional[str], int]], n: int) -> None:
+    s.run(10)
+    for _ in range(n):
+        for kind, ident, seconds in body:
+            s.call(kind, seconds, ident)
+        s.run(3)
+    s.run(6)
+
+
+@pytest.mark.parametrize("order", sorted(NO_LOADER_BODIES))
+def test_training_loop_without_dataloader(order: str) -> None:
+    s = Script()
+    play_no_loader(s, NO_LOADER_BODIES[order], 4)
+    rows = s.finish()
+
+    assert len(rows) == 4
+    assert rows[:3] == [
+        row(10 + 19 * i, 29 + 19 * i, forward=5, backward=8, optimization=3, calls=(0, 2, 1, 2))
+        for i in range(3)
+    ]
+    assert_contiguous(rows)
+    assert [others(r) for r in rows[:3]] == [3, 3, 3]
+
+
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        # Ends where optimizer.step ended; the 3 s of body code and the 6 s
+        # after the loop are in no step.
+        ("forward first", row(67, 83, forward=5, backward=8, optimization=3, calls=(0, 2, 1, 2))),
+        ("zero_grad first", row(67, 83, forward=5, backward=8, optimization=3, calls=(0, 2, 1, 2))),
+        # The zero_grad after the last optimizer.step falls after the step's
+        # end, so it is not part of the step.
+        ("zero_grad last", row(67, 82, forward=5, backward=8, optimization=2, calls=(0, 2, 1, 1))),
+    ],
+)
+def test_last_step_ends_at_its_closing_event(order: str, expected: list[Any]) -> None:
+    s = Script()
+    play_no_loader(s, NO_LOADER_BODIES[order], 4)
+    rows = s.finish()
+    assert rows[-1] == expected
+    assert others(rows[-1]) == 0
+
+
+def test_unclosed_trailing_step_is_dropped() -> None:
+    s = Script()
+    for _ in range(2):
+        s.forward(4)
+        s.forward(1, LOSS)
+        s.backward(8)
+        s.step(2)
+    # An iteration cut short before its optimizer step.
+    s.forward(4)
+    s.forward(1, LOSS)
+    s.run(10)
+    rows = s.finish()
+    assert rows == [
+        row(0, 15, forward=5, backward=8, optimization=2, calls=(0, 2, 1, 1)),
+        row(15, 30, forward=5, backward=8, optimization=2, calls=(0, 2, 1, 1)),
+    ]
+    assert s.tracker.open is False
+
+
+def test_nothing_closes_before_the_first_optimizer_step() -> None:
+    s = Script()
+    s.forward(4)
+    s.backward(8)
+    rows = s.finish()
+    assert rows == []
+
+
+# -- no optimizer ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loader", [False, True])
+def test_hand_written_sgd_is_one_step_per_iteration(loader: bool) -> None:
+    # No optimizer object: the update is plain tensor code (untimed, 5 s),
+    # so it lands in Others.
+    s = Script(optimizer=False)
+    for _ in range(3):
+        if loader:
+            s.fetch(1, samples=16)
+        s.forward(4)
+        s.forward(1, LOSS)
+        s.backward(8)
+        s.run(5)
+    if loader:
+        s.exhausted(1)
+    rows = s.finish()
+
+    d, calls, samples = (1, (1, 2, 1, 0), 16) if loader else (0, (0, 2, 1, 0), 0)
+    full = [
+        row(i * (18 + d), (i + 1) * (18 + d), dataloader=d, forward=5, backward=8,
+            calls=calls, samples=samples)
+        for i in range(3)
+    ]
+    if loader:
+        # StopIteration ends the last iteration, update included.
+        assert rows == full
+        assert [others(r) for r in rows] == [5, 5, 5]
+    else:
+        # Nothing follows the last iteration: it ends with its backward.
+        assert rows == full[:2] + [row(36, 49, forward=5, backward=8, calls=calls)]
+        assert [others(r) for r in rows] == [5, 5, 0]
+
+
+def test_backward_without_optimizer_makes_no_grad_forwards_evaluation() -> None:
+    s = Script(optimizer=False)
+    for _ in range(2):
+        s.forward(4)
+        s.backward(8)
+        s.run(2)
+        s.forward(3, grad=False)  # validation under torch.no_grad
+        s.run(1)
+    rows = s.finish()
+    assert rows == [
+        row(0, 18, forward=4, backward=8, excluded=3, calls=(0, 1, 1, 0)),
+        row(18, 30, forward=4, backward=8, calls=(0, 1, 1, 0)),
+    ]
+    assert (s.tracker.eval_spans, s.tracker.eval_time, s.tracker.eval_forward_calls) == (2, 6.0, 2)
+
+
+# -- gradient accumulation, step_on ----------------------------------------------
+
+
+def accumulate(s: Script, k: int, groups: int, loader: bool = True) -> None:
+    """`groups` optimizer steps of `k` micro-batches each. A micro-batch is
+    fetch 1 (with a loader), forward 4 + loss 1, backward 8, body 1; each
+    optimizer step is step 2, zero_grad 1, body 2."""
+    if loader:
+        s.new_iterator(2)
+    for _ in range(groups):
+        for _ in range(k):
+            if loader:
+                s.fetch(1, samples=8)
+            s.forward(4)
+            s.forward(1, LOSS)
+            s.backward(8)
+            s.run(1)
+        s.step(2)
+        s.zero_grad(1)
+        s.run(2)
+    if loader:
+        s.exhausted(1)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_gradient_accumulation_is_one_step_per_optimizer_step(k: int) -> None:
+    s = Script()
+    accumulate(s, k, 3)
+    rows = s.finish()
+    length = 15 * k + 5
+    assert rows == [
+        row(2 + length * i, 2 + length * (i + 1), dataloader=k, forward=5 * k, backward=8 * k,
+            optimization=3, calls=(k, 2 * k, k, 2), samples=8 * k)
+        for i in range(3)
+    ]
+    assert [others(r) for r in rows] == [k + 2] * 3
+
+
+@pytest.mark.parametrize("step_on", ["auto", "optimizer"])
+def test_step_on_optimizer_on_accumulation(step_on: str) -> None:
+    s = Script(step_on=step_on)
+    accumulate(s, 4, 2)
+    rows = s.finish()
+    assert [(r[0], r[1]) for r in rows] == [(2, 67), (67, 132)]
+    assert [r[COL["dataloader_calls"]] for r in rows] == [4, 4]
+
+
+@pytest.mark.parametrize("step_on", ["forward", "backward", "dataloader"])
+def test_step_on_per_micro_batch_on_accumulation(step_on: str) -> None:
+    # With a DataLoader every fetch leads, and each of these modes closes
+    # within the micro-batch: one step per micro-batch, the optimizer's
+    # work in the step of the micro-batch it follows.
+    s = Script(step_on=step_on)
+    accumulate(s, 4, 2)
+    rows = s.finish()
+    micro = dict(dataloader=1, forward=5, backward=8, samples=8)
+    expected = []
+    t = 2
+    for _ in range(2):
+        for j in range(4):
+            if j < 3:
+                expected.append(row(t, t + 15, calls=(1, 2, 1, 0), **micro))
+                t += 15
+            else:
+                expected.append(row(t, t + 20, optimization=3, calls=(1, 2, 1, 2), **micro))
+                t += 20
+    assert rows == expected
+
+
+@pytest.mark.parametrize(
+    ("step_on", "count", "last"),
+    [
+        # Each mode ends the last step at its own closing event.
+        ("optimizer", 2, row(61, 119, forward=20, backward=32, optimization=2,
+                             calls=(0, 8, 4, 1))),
+        ("forward", 8, row(103, 108, forward=5, calls=(0, 2, 0, 0))),
+        ("backward", 8, row(103, 116, forward=5, backward=8, calls=(0, 2, 1, 0))),
+        # No fetch ever closes a step: nothing is complete.
+        ("dataloader", 0, None),
+    ],
+)
+def test_step_on_without_dataloader(step_on: str, count: int, last: Optional[list]) -> None:
+    s = Script(step_on=step_on)
+    accumulate(s, 4, 2, loader=False)
+    rows = s.finish()
+    assert len(rows) == count
+    assert_contiguous(rows)
+    if last is not None:
+        assert rows[-1] == last
+        assert others(rows[-1]) == 0
+
+
+def test_unknown_step_on_is_refused() -> None:
+    with pytest.raises(ValueError, match="step_on"):
+        StepTracker("epoch")
+
+
+# -- LBFGS, GAN, GradScaler -------------------------------------------------------
+
+
+def lbfgs_step(s: Script, ident: object = OPTIM) -> None:
+    """optimizer.step(closure): 1 s of its own, the closure three times
+    (zero_grad 1, forward 4 + loss 1, backward 8), 1 s of its own: 44 s."""
+    with s.phase(OPT, ident):
+        s.run(1)
+        for _ in range(3):
+            s.zero_grad(1)
+            s.forward(4)
+            s.forward(1, LOSS)
+            s.backward(8)
+        s.run(1)
+
+
+def test_lbfgs_without_dataloader_is_one_step_per_optimizer_step() -> None:
+    s = Script()
+    s.run(5)
+    for _ in range(3):
+        s.run(1)  # making the batch: the end of the previous step
+        lbfgs_step(s)
+    rows = s.finish()
+    lbfgs = dict(forward=15, backward=24, optimization=5, calls=(0, 6, 3, 4))
+    assert rows == [
+        row(6, 51, **lbfgs),
+        row(51, 96, **lbfgs),
+        row(96, 140, **lbfgs),
+    ]
+    # The closure's phases are not counted twice: the phases of the last
+    # step add up to the optimizer.step call's wall time exactly.
+    assert sum(rows[-1][COL[p]] for p in PHASES) == 44
+    assert [others(r) for r in rows] == [1, 1, 0]
+
+
+def test_lbfgs_with_dataloader_is_one_step_per_batch() -> None:
+    s = Script()
+    s.new_iterator(2)
+    for _ in range(3):
+        s.fetch(1, samples=4)
+        lbfgs_step(s)
+        s.run(1)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(2 + 46 * i, 48 + 46 * i, dataloader=1, forward=15, backward=24, optimization=5,
+            calls=(1, 6, 3, 4), samples=4)
+        for i in range(3)
+    ]
+    assert [others(r) for r in rows] == [1, 1, 1]
+
+
+def test_lbfgs_subclass_calling_super_step_counts_one_optimizer_call() -> None:
+    # Both MyLBFGS.step and LBFGS.step are wrapped; the closure still counts
+    # as forward and backward.
+    s = Script()
+    for _ in range(2):
+        with s.phase(OPT, "my_lbfgs"):
+            s.run(1)
+            lbfgs_step(s, "my_lbfgs")
+    rows = s.finish()
+    assert rows == [
+        row(0, 45, forward=15, backward=24, optimization=6, calls=(0, 6, 3, 4)),
+        row(45, 90, forward=15, backward=24, optimization=6, calls=(0, 6, 3, 4)),
+    ]
+
+
+def gan_batch(s: Script, loader: bool) -> None:
+    """Discriminator then generator, each with its own optimizer."""
+    if loader:
+        s.fetch(1, samples=64)
+    s.zero_grad(1, "opt_d")
+    s.forward(2, "D")
+    s.forward(3, "G")
+    s.forward(2, "D")
+    s.forward(1, LOSS)
+    s.backward(4)
+    s.step(2, "opt_d")
+    s.zero_grad(1, "opt_g")
+    s.forward(2, "D")
+    s.forward(1, LOSS)
+    s.backward(4)
+    s.step(2, "opt_g")
+    s.run(2)
+
+
+def test_gan_with_dataloader_is_one_step_per_batch() -> None:
+    s = Script()
+    for _ in range(3):
+        gan_batch(s, loader=True)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(28 * i, 28 * (i + 1), dataloader=1, forward=11, backward=8, optimization=6,
+            calls=(1, 6, 2, 4), samples=64)
+        for i in range(3)
+    ]
+    assert [others(r) for r in rows] == [2, 2, 2]
+
+
+def test_gan_without_dataloader_leads_with_the_first_optimizer_zero_grad() -> None:
+    s = Script()
+    for _ in range(3):
+        gan_batch(s, loader=False)
+    rows = s.finish()
+    gan = dict(forward=11, backward=8, optimization=6, calls=(0, 6, 2, 4))
+    assert rows == [row(0, 27, **gan), row(27, 54, **gan), row(54, 79, **gan)]
+
+
+def test_grad_scaler_step_around_optimizer_step_is_one_call() -> None:
+    s = Script()
+    for _ in range(2):
+        s.fetch(1)
+        s.zero_grad(1)
+        s.forward(4)
+        s.forward(1, LOSS)
+        s.backward(8)
+        with s.phase(OPT, SCALER):  # GradScaler.step(optimizer)
+            s.run(1)
+            s.step(2)  # optimizer.step, nested
+            s.run(1)
+        s.zero_grad(1, SCALER)  # GradScaler.update
+        s.run(1)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(21 * i, 21 * (i + 1), dataloader=1, forward=5, backward=8, optimization=6,
+            calls=(1, 2, 1, 3))
+        for i in range(2)
+    ]
+
+
+# -- inference ----------------------------------------------------------------------
+
+
+def test_inference_with_dataloader_is_one_step_per_batch() -> None:
+    s = Script(optimizer=False)
+    s.new_iterator(3)
+    for _ in range(4):
+        s.fetch(2, samples=128)
+        s.forward(5, grad=False)
+        s.run(1)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(3 + 8 * i, 11 + 8 * i, dataloader=2, forward=5, calls=(1, 1, 0, 0), samples=128)
+        for i in range(4)
+    ]
+    assert s.tracker.eval_spans == 0
+
+
+def test_inference_without_dataloader_is_one_step_per_forward() -> None:
+    s = Script(optimizer=False)
+    for _ in range(4):
+        s.forward(5, grad=False)
+        s.run(1)  # post-processing
+    rows = s.finish()
+    assert rows == [row(6 * i, 6 * (i + 1), forward=5, calls=(0, 1, 0, 0)) for i in range(3)] + [
+        row(18, 23, forward=5, calls=(0, 1, 0, 0))
+    ]
+    assert s.tracker.eval_spans == 0
+
+
+# -- evaluation, epochs, iterator creation ---------------------------------------------
+
+
+def eval_pass(s: Script, batches: int) -> None:
+    """A validation loop under torch.no_grad: iterator 2, then per batch
+    fetch 1, forward 3, body 1, and the exhausted fetch 1."""
+    s.new_iterator(2)
+    for _ in range(batches):
+        s.fetch(1, grad=False, samples=16)
+        s.forward(3, grad=False)
+        s.run(1)
+    s.exhausted(1, grad=False)
+
+
+def test_eval_pass_between_training_steps_is_excluded() -> None:
+    s = Script()
+    s.new_iterator(2)
+    for i in range(4):
+        train_batch(s)
+        if i == 1:
+            eval_pass(s, 2)  # 2 s iterator creation + an 11 s evaluation span
+    s.exhausted(1)
+    rows = s.finish()
+
+    assert rows == [
+        train_row(2),
+        train_row(22, excluded=13),
+        train_row(55),
+        train_row(75),
+    ]
+    assert [step_time(r) for r in rows] == [20, 20, 20, 20]
+    assert [others(r) for r in rows] == [3, 3, 3, 3]
+    t = s.tracker
+    assert (t.eval_spans, t.eval_time, t.eval_forward_calls) == (1, 11.0, 2)
+    assert (t.init_calls, t.init_time, t.stop_calls, t.stop_time) == (2, 4.0, 2, 2.0)
+    summary = perf_summary(rows)
+    assert summary.steps == 4
+    assert (summary.batch_cost.avg, summary.batch_cost.max) == (20.0, 20.0)
+
+
+def test_eval_pass_inside_a_step_is_excluded() -> None:
+    # Evaluation before the optimizer step (the step has not closed yet).
+    s = Script()
+    for i in range(2):
+        s.fetch(1)
+        s.forward(4)
+        s.backward(8)
+        if i == 0:
+            s.forward(3, grad=False)
+            s.run(1)
+            s.forward(3, grad=False)
+        s.step(2)
+        s.run(1)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(0, 23, dataloader=1, forward=4, backward=8, optimization=2, excluded=7,
+            calls=(1, 1, 1, 1)),
+        row(23, 39, dataloader=1, forward=4, backward=8, optimization=2, calls=(1, 1, 1, 1)),
+    ]
+    assert s.tracker.eval_time == 7
+
+
+def test_no_grad_forward_is_not_evaluation_before_training_is_known() -> None:
+    s = Script(optimizer=False)
+    s.forward(3, grad=False)
+    assert s.tracker.eval_spans == 0
+    assert s.tracker.open
+
+
+def test_epochs_count_nothing_between_them() -> None:
+    s = Script()
+    s.run(5)
+    for _ in range(2):
+        s.new_iterator(2)
+        for _ in range(3):
+            train_batch(s)
+        s.exhausted(1)
+        s.run(4)  # scheduler.step(), logging
+        eval_pass(s, 1)  # 2 s iterator creation, 6 s span
+        s.run(3)  # checkpoint
+    rows = s.finish()
+
+    assert rows == [train_row(s0) for s0 in (7, 27, 47, 85, 105, 125)]
+    assert sum(step_time(r) for r in rows) == 120
+    t = s.tracker
+    assert (t.init_calls, t.init_time) == (4, 8.0)
+    assert (t.stop_calls, t.stop_time) == (4, 4.0)
+    assert (t.eval_spans, t.eval_time) == (2, 12.0)
+
+
+def test_iterator_created_inside_a_step_is_excluded() -> None:
+    # `batch = next(iter(loader))` every iteration: the worker start-up
+    # falls inside the previous step and is not part of it.
+    s = Script()
+    for _ in range(3):
+        s.new_iterator(2)
+        train_batch(s)
+    rows = s.finish()
+    assert rows == [train_row(2, excluded=2), train_row(24, excluded=2)] + [
+        row(46, 63, dataloader=1, forward=5, backward=8, optimization=3, calls=(1, 2, 1, 2),
+            samples=32)
+    ]
+    assert [step_time(r) for r in rows] == [20, 20, 17]
+    assert s.tracker.init_time == 6
+
+
+def test_exhausted_loader_before_the_optimizer_step_keeps_the_step_open() -> None:
+    # Accumulation over 2 batches with 3 batches in the loader: the third
+    # batch's step never reaches an optimizer step and is dropped.
+    s = Script()
+    for i in range(3):
+        s.fetch(1)
+        s.forward(4)
+        s.backward(8)
+        if i % 2 == 1:
+            s.step(2)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(0, 28, dataloader=2, forward=8, backward=16, optimization=2, calls=(2, 2, 2, 1))
+    ]
+    assert (s.tracker.stop_calls, s.tracker.stop_time) == (1, 1.0)
+
+
+# -- callbacks -------------------------------------------------------------------------
+
+
+def test_callbacks_see_every_step_begin_and_end() -> None:
+    events: list[tuple[Any, ...]] = []
+    s = Script(
+        on_begin=lambda i, t: events.append(("begin", i, t)),
+        on_end=lambda i, t, committed: events.append(("end", i, t, committed)),
+    )
+    for _ in range(2):
+        s.new_iterator(2)
+        for _ in range(2):
+            train_batch(s)
+        s.exhausted(1)
+        s.run(4)
+    s.finish()
+    assert len(s.tracker.rows) == 4
+    assert events == [
+        ("begin", 0, 2.0),
+        ("end", 0, 22.0, True),
+        ("begin", 1, 22.0),
+        ("end", 1, 42.0, True),
+        # The exhausted fetch opened a step it then cancelled.
+        ("begin", 2, 42.0),
+        ("end", 2, 42.0, False),
+        ("begin", 2, 49.0),
+        ("end", 2, 69.0, True),
+        ("begin", 3, 69.0),
+        ("end", 3, 89.0, True),
+        ("begin", 4, 89.0),
+        ("end", 4, 89.0, False),
+    ]
+    assert s.tracker.current_index == 4
+
+
+def test_finish_reports_the_last_step_at_its_close() -> None:
+    events: list[tuple[Any, ...]] = []
+    s = Script(
+        on_begin=lambda i, t: events.append(("begin", i, t)),
+        on_end=lambda i, t, committed: events.append(("end", i, t, committed)),
+    )
+    for _ in range(2):
+        s.forward(4)
+        s.backward(8)
+        s.step(2)
+        s.run(1)
+    s.finish()
+    assert events == [
+        ("begin", 0, 0.0),
+        ("end", 0, 15.0, True),
+        ("begin", 1, 15.0),
+        ("end", 1, 29.0, True),
+    ]
+
+
+def test_samples_of_evaluation_batches_are_not_training_samples() -> None:
+    s = Script()
+    train_batch(s, samples=32)
+    eval_pass(s, 3)
+    train_batch(s, samples=32)
+    s.exhausted(1)
+    rows = s.finish()
+    assert [r[COL["samples"]] for r in rows] == [32, 32]
