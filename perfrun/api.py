@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from collections.abc import Iterator
 from typing import IO, Any, Optional
@@ -70,6 +71,16 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         _say(f"error: {exc}")
         return int(exc.code)
     returncode = outcome.returncode
+    if settings.save_baseline:
+        try:
+            from .baseline import save_baseline
+
+            save_baseline(outcome.run_dir, settings.save_baseline)
+            _say(f"baseline saved to {settings.save_baseline}")
+        except (ResultsError, OSError) as exc:
+            _say(f"error: could not save the baseline: {exc}")
+    if settings.gated:
+        return _gated(settings, outcome)
     try:
         render_run(
             outcome.run_dir, settings.format, settings.output, settings.warmup, view_of(settings)
@@ -93,16 +104,132 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
 
 def _rank_signal(run_dir: str) -> int:
     """torchrun exits 1 whatever a rank did: find a rank that was ended by a
-    signal in the rank files themselves."""
+    signal in the rank files themselves. When a rank raised, the others'
+    SIGTERM is torchrun's own clean-up, not how the run ended."""
     try:
         run = read_run(run_dir)
     except ResultsError:
+        return 0
+    if any((rank.data.get("exit") or {}).get("exception") for rank in run.ranks):
         return 0
     for rank in run.ranks:
         signum = (rank.data.get("exit") or {}).get("signal")
         if signum:
             return int(signum)
     return 0
+
+
+DEFAULT_THRESHOLD = 0.05
+
+
+def _gated(settings: Settings, outcome: Any) -> int:
+    """`perfrun run --baseline`: the exit status is the gate's, never the
+    script's (a crashed script is a measurement failure)."""
+    fmt = settings.format
+    if fmt != "junit":
+        try:
+            render_run(outcome.run_dir, fmt, settings.output, settings.warmup, view_of(settings))
+        except ResultsError as exc:
+            _say(f"error: {exc}")
+    _say(f"results saved in {outcome.run_dir}")
+    if outcome.returncode != 0:
+        _say(f"gate: the script exited with status {outcome.returncode}: no measurement to compare")
+        return ExitCode.NO_MEASUREMENT
+    threshold = settings.max_regression
+    if threshold is None:
+        threshold = DEFAULT_THRESHOLD
+    assert settings.baseline is not None
+    return compare(
+        settings.baseline,
+        outcome.run_dir,
+        threshold=threshold,
+        fail_on_inconclusive=settings.fail_on_inconclusive,
+        allow_env_mismatch=settings.allow_env_mismatch,
+        fmt=fmt if fmt in ("table", "markdown", "json", "junit") else "table",
+        output=None,
+        warmup=settings.warmup,
+    )
+
+
+def compare(
+    baseline: str,
+    current: str,
+    threshold: Optional[float] = None,
+    fail_on_inconclusive: bool = False,
+    allow_env_mismatch: bool = False,
+    fmt: str = "table",
+    output: Optional[str] = None,
+    warmup: Optional[int] = None,
+) -> int:
+    """`perfrun compare`, and the gate of a gated run."""
+    from . import baseline as baseline_mod
+    from .compare import compare_runs
+    from .gate import Verdict
+    from .report.compare_out import render_comparison, verdict_line
+
+    try:
+        base_run = baseline_mod.load(baseline)
+    except ResultsError as exc:
+        _say(f"error: baseline: {exc}")
+        return ExitCode.NO_MEASUREMENT if "no such" in str(exc) else ExitCode.BAD_RESULTS
+    try:
+        current_run = baseline_mod.load(current)
+    except ResultsError as exc:
+        _say(f"error: {exc}")
+        return ExitCode.BAD_RESULTS
+    base_fp = baseline_mod.stored_fingerprint(baseline, base_run)
+    current_fp = baseline_mod.fingerprint(current_run)
+    mismatches = baseline_mod.mismatches(base_fp, current_fp)
+    if mismatches and threshold is not None and not allow_env_mismatch:
+        _say(
+            "error: the baseline was recorded in a different environment ("
+            + "; ".join(mismatches)
+            + "); compare like with like, or pass "
+            "--allow-env-mismatch"
+        )
+        return ExitCode.CONFIG
+    comparison = compare_runs(
+        base_run, current_run, threshold, baseline, current, warmup=warmup, mismatches=mismatches
+    )
+    with _destination(output) as stream:
+        render_comparison(comparison, fmt, stream)
+    _github_actions(comparison, verdict_line(comparison))
+    if comparison.problem:
+        return ExitCode.NO_MEASUREMENT
+    if comparison.gate is None:
+        return ExitCode.OK
+    verdict = comparison.gate.verdict
+    if verdict == Verdict.FAIL:
+        return ExitCode.REGRESSION
+    if verdict == Verdict.INCONCLUSIVE:
+        _say(f"warning: gate inconclusive: {comparison.gate.reason}")
+        return ExitCode.INCONCLUSIVE if fail_on_inconclusive else ExitCode.OK
+    return ExitCode.OK
+
+
+def _github_actions(comparison: Any, line: str) -> None:
+    """On GitHub Actions: the comparison in the job summary, a regression as
+    an error annotation."""
+    if os.environ.get("GITHUB_ACTIONS") != "true":
+        return
+    from .gate import Verdict
+    from .report.compare_out import comparison_blocks
+    from .report.markdown import render_markdown_blocks
+
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(render_markdown_blocks(comparison_blocks(comparison)) + "\n")
+        except OSError as exc:
+            _say(f"could not write the job summary: {exc}")
+    gate = comparison.gate
+    text = line.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if comparison.problem or (gate is not None and gate.verdict == Verdict.FAIL):
+        sys.stdout.write(f"::error title=perfrun performance gate::{text}\n")
+    elif gate is not None and gate.verdict == Verdict.INCONCLUSIVE:
+        sys.stdout.write(f"::warning title=perfrun performance gate::{text}\n")
+    sys.stdout.flush()
 
 
 def view_of(settings: Settings) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from .settings import (
     parse_override,
 )
 
-COMMANDS = ("run", "report")
+COMMANDS = ("run", "report", "compare")
 # Long options that may not follow the script (they change how it is found).
 _BEFORE_SCRIPT_ONLY = {"--override", "--module"}
 
@@ -154,6 +154,19 @@ def _run_options(f: Any) -> Any:
             help="End the script cleanly once the detailed window is recorded.",
         ),
         *_view_options(),
+        click.option(
+            "--save-baseline",
+            metavar="FILE",
+            default=None,
+            help="Save this run as a baseline for the gate.",
+        ),
+        click.option(
+            "--baseline",
+            metavar="FILE|DIR",
+            default=None,
+            help="Gate: compare this run with a baseline file or results folder.",
+        ),
+        *_gate_options(),
     ]
     for option in reversed(options):
         f = option(f)
@@ -175,6 +188,38 @@ def _view_options() -> list[Any]:
             "--time-unit", type=click.Choice(TIME_UNITS), default=None, help="Time unit of tables."
         ),
     ]
+
+
+def _gate_options() -> list[Any]:
+    return [
+        click.option(
+            "--max-regression",
+            metavar="PCT",
+            default=None,
+            help="Gate threshold, e.g. 5%: fail when steps are slower beyond noise.",
+        ),
+        click.option(
+            "--fail-on-inconclusive",
+            is_flag=True,
+            help="Gate: an inconclusive verdict fails (exit 69).",
+        ),
+        click.option(
+            "--allow-env-mismatch",
+            is_flag=True,
+            help="Gate: compare even when the environments' fingerprints differ.",
+        ),
+    ]
+
+
+def _parse_threshold(text: Optional[str]) -> Optional[float]:
+    if text is None:
+        return None
+    from .gate import parse_threshold
+
+    try:
+        return parse_threshold(text)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _apply(options: list[Any], f: Any) -> Any:
@@ -224,6 +269,41 @@ def report_command(
     return api.report(log_dir, fmt=fmt, output=output, warmup=warmup, view=_view(view))
 
 
+@cli.command("compare")
+@click.argument("baseline")
+@click.argument("current")
+@lambda f: _apply(_gate_options(), f)
+@click.option(
+    "--format", "fmt", type=click.Choice(("table", "json", "markdown", "junit")), default="table"
+)
+@click.option("--output", metavar="FILE", default=None)
+@click.option("--warmup", type=int, default=None, metavar="N")
+def compare_command(
+    baseline: str,
+    current: str,
+    max_regression: Optional[str],
+    fail_on_inconclusive: bool,
+    allow_env_mismatch: bool,
+    fmt: str,
+    output: Optional[str],
+    warmup: Optional[int],
+) -> int:
+    """Compare CURRENT with BASELINE (each a baseline file or a results folder);
+    with --max-regression, gate on it (exit 68 on a regression)."""
+    from . import api
+
+    return api.compare(
+        baseline,
+        current,
+        threshold=_parse_threshold(max_regression),
+        fail_on_inconclusive=fail_on_inconclusive,
+        allow_env_mismatch=allow_env_mismatch,
+        fmt=fmt,
+        output=output,
+        warmup=warmup,
+    )
+
+
 def _view(opts: dict[str, Any]) -> dict[str, Any]:
     view = {
         "op_detail": bool(opts.get("op_detail")),
@@ -266,6 +346,9 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "sort_by": opts.get("sort_by"),
         "row_limit": opts.get("row_limit"),
         "time_unit": opts.get("time_unit"),
+        "save_baseline": opts.get("save_baseline"),
+        "baseline": opts.get("baseline"),
+        "max_regression": _parse_threshold(opts.get("max_regression")),
     }
     changes.update({k: v for k, v in direct.items() if v is not None})
     if opts.get("timer_only"):
@@ -274,7 +357,14 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         changes["nsys"] = True
     if opts.get("no_nvtx"):
         changes["nvtx"] = False
-    for flag in ("with_stack", "with_flops", "stop_after_window", "op_detail"):
+    for flag in (
+        "with_stack",
+        "with_flops",
+        "stop_after_window",
+        "op_detail",
+        "fail_on_inconclusive",
+        "allow_env_mismatch",
+    ):
         if opts.get(flag):
             changes[flag] = True
     if opts.get("script") is not None:

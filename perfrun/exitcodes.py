@@ -27,8 +27,15 @@ class ExitCode(enum.IntEnum):
     NO_SCRIPT = 65
     #: Results could not be read: missing, truncated or of an unknown version.
     BAD_RESULTS = 66
-    #: The run produced no measurement: no rank wrote results, or no training
-    #: step was seen (gates and `report` only; `run` passes the script's code).
+    #: The run produced no measurement: no rank wrote results, no training
+    #: step was seen, the script crashed under a gate, or there is no
+    #: baseline (gates and `report` only; `run` passes the script's code).
     NO_MEASUREMENT = 67
+    #: The gate found a regression: the current run's steps are slower than
+    #: the baseline's by more than --max-regression, beyond noise.
+    REGRESSION = 68
+    #: The gate could not decide (noise, or too few steps) and
+    #: --fail-on-inconclusive was given.
+    INCONCLUSIVE = 69
     #: perfrun itself failed unexpectedly (a bug: please report it).
     INTERNAL = 70

@@ -152,6 +152,12 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
     return [*run, *target]
 
 
+def _git_state(settings: Settings) -> dict[str, Any]:
+    from .baseline import git_state
+
+    return git_state(settings.script or os.getcwd())
+
+
 def _terminal_owns_sigint() -> bool:
     """Ctrl-C in a terminal already reaches the child (same process group);
     forwarding it again would deliver it twice."""
@@ -175,6 +181,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     payload["command"] = command_line
     env["PERFRUN_SETTINGS"] = json.dumps(payload)
     meta: dict[str, Any] = {
+        "git": _git_state(settings) if (settings.baseline or settings.save_baseline) else {},
         "command": command_line,
         "child": cmd,
         "expected_ranks": expected_ranks(settings),
@@ -218,6 +225,9 @@ def exit_like(returncode: int) -> int:
         sys.stderr.flush()
         try:
             signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP have no handler to reset
+        try:
             os.kill(os.getpid(), signum)
         except (OSError, ValueError):
             pass

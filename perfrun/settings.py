@@ -87,6 +87,15 @@ class Settings:
     sort_by: str = "cpu-total"
     row_limit: int = 20
     time_unit: str | None = None
+    save_baseline: str | None = None
+    baseline: str | None = None
+    max_regression: float | None = None
+    fail_on_inconclusive: bool = False
+    allow_env_mismatch: bool = False
+
+    @property
+    def gated(self) -> bool:
+        return self.baseline is not None
 
     @property
     def distributed(self) -> bool:
@@ -154,6 +163,8 @@ class Settings:
             raise SettingsError(f"--row-limit must be at least 1, not {self.row_limit}")
         if self.stop_after_window and self.scheduler is None:
             raise SettingsError("--stop-after-window needs a window: --scheduler START END")
+        if self.max_regression is not None and self.baseline is None:
+            raise SettingsError("--max-regression needs --baseline FILE (what to compare with)")
         if self.flush_interval <= 0:
             raise SettingsError("flush interval must be positive")
         return self

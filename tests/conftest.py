@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-# ---------------------------------------------------------------------------
-# End-to-end runs of real scripts (test_e2e_training.py)
-#
-# `run_perfrun(*args)` runs `python -m perfrun --log-dir <tmp>/log ARGS...` in
-# a real subprocess, from the test's own temporary folder, and returns a
-# `PerfrunRun` with the exit status, the captured output and the run folder.
-# ---------------------------------------------------------------------------
-
 import json
 import os
 import subprocess
@@ -22,13 +14,22 @@ import pytest
 
 from perfrun.results import RankResult, RunResults, read_run
 
+# ---------------------------------------------------------------------------
+# End-to-end runs of real scripts (test_e2e_training.py)
+#
+# `run_perfrun(*args)` runs `python -m perfrun --log-dir <tmp>/log ARGS...` in
+# a real subprocess, from the test's own temporary folder, and returns a
+# `PerfrunRun` with the exit status, the captured output and the run folder.
+# ---------------------------------------------------------------------------
+
 #: A run that takes longer than this is hung, not slow.
 E2E_TIMEOUT = 120
 
 
 def e2e_environment() -> dict[str, str]:
-    """The environment both perfrun and a direct `python script.py` get:
-    the test process's own, without anything perfrun would pass to a child."""
+    """The environment both perfrun and a direct `python script.py` get: the
+    test process's own, with no perfrun state leaking in and one OpenMP
+    thread (the scripts are tiny; thread pools would only add noise)."""
     env = dict(os.environ)
     env.pop("PERFRUN_SETTINGS", None)
     env["OMP_NUM_THREADS"] = "1"
@@ -149,6 +150,7 @@ def run_python(tmp_path: Path) -> Callable[..., bytes]:
         return proc.stdout
 
     return run
+
 
 # ---------------------------------------------------------------------------
 # End of the end-to-end training section.

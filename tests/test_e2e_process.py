@@ -57,17 +57,33 @@ def base_env(pythonpath: Optional[str] = None, **extra: str) -> dict[str, str]:
     return env
 
 
+class Finished(subprocess.CompletedProcess):
+    """A finished run, with the pid the perfrun process had."""
+
+    pid: int
+
+
 def perfrun(
     *args: str, cwd: Path, env: Optional[dict[str, str]] = None, timeout: float = TIMEOUT
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+) -> Finished:
+    with subprocess.Popen(
         [sys.executable, "-m", "perfrun", *args],
         cwd=cwd,
         env=env if env is not None else base_env(),
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"perfrun ran past {timeout} s:\n{out}\n{err}")
+    result = Finished(proc.args, proc.returncode, out, err)
+    result.pid = proc.pid
+    return result
 
 
 def python(
@@ -169,11 +185,8 @@ def test_exception_traceback_and_status_match_python(tmp_path: Path) -> None:
 
 
 def test_sys_exit_status_passes_through(tmp_path: Path) -> None:
-    plain = python(str(EXIT_SCRIPT), str(tmp_path / "m1"), "3", cwd=tmp_path)
-    under = perfrun(
-        "--log-dir", str(tmp_path / "log"), str(EXIT_SCRIPT), str(tmp_path / "m2"), "3",
-        cwd=tmp_path,
-    )
+    plain = python(str(EXIT_SCRIPT), "3", cwd=tmp_path)
+    under = perfrun("--log-dir", str(tmp_path / "log"), str(EXIT_SCRIPT), "3", cwd=tmp_path)
     assert plain.returncode == 3
     assert under.returncode == 3
     assert under.stdout.startswith(plain.stdout)
@@ -340,41 +353,69 @@ def test_one_rank_raising_fails_the_run(tmp_path: Path) -> None:
 
 
 # -- the user's own sitecustomize ------------------------------------------------------------
+#
+# perfrun's launcher is itself a Python program started with the user's
+# PYTHONPATH, so Python runs the user's sitecustomize in the launcher too,
+# before any perfrun code (nothing perfrun can change). What matters is the
+# script's process: there it must run exactly once, after perfrun's own.
+
+
+def user_site(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    """A folder holding a sitecustomize that records its pid, then `body`."""
+    site = tmp_path / "usersite"
+    site.mkdir()
+    pids = tmp_path / "sitecustomize-pids"
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        f"with open({str(pids)!r}, 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n" + body
+    )
+    return site, pids
 
 
 def test_user_sitecustomize_still_runs(tmp_path: Path) -> None:
-    site = tmp_path / "usersite"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text('print("USER-SITECUSTOMIZE-RAN", flush=True)\n')
+    site, pids = user_site(tmp_path, 'print(f"USER-SITE-RAN {os.getpid()}", flush=True)\n')
     env = base_env(str(site))
-    args = [str(TRAIN), "--steps", "5"]
-    result = perfrun("--log-dir", str(tmp_path / "log"), *args, cwd=tmp_path, env=env)
+    result = perfrun(
+        "--log-dir", str(tmp_path / "log"), str(TRAIN), "--steps", "5", cwd=tmp_path, env=env
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("USER-SITECUSTOMIZE-RAN") == 1
-    assert result.stdout.startswith("USER-SITECUSTOMIZE-RAN\n")
-    assert len(rows(run_dir_of(tmp_path / "log"))) == 5
+    run_dir = run_dir_of(tmp_path / "log")
+    script_pid = rank_data(run_dir)["env"]["pid"]
+    ran_in = [int(p) for p in pids.read_text().split()]
+    assert ran_in.count(script_pid) == 1
+    assert set(ran_in) <= {script_pid, result.pid}
+    assert result.stdout.count(f"USER-SITE-RAN {script_pid}\n") == 1
+    assert len(rows(run_dir)) == 5
 
 
 def test_failing_user_sitecustomize_is_reported_like_python(tmp_path: Path) -> None:
-    site = tmp_path / "usersite"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text('raise RuntimeError("user site is broken")\n')
+    site, pids = user_site(tmp_path, 'raise RuntimeError("user site is broken")\n')
     env = base_env(str(site))
-    plain = python(str(EXIT_SCRIPT), str(tmp_path / "m"), cwd=tmp_path, env=env)
+    plain = python(str(EXIT_SCRIPT), cwd=tmp_path, env=env)
     expected = [
         "Error in sitecustomize; set PYTHONVERBOSE for traceback:",
         "RuntimeError: user site is broken",
     ]
     assert plain.stderr.splitlines()[:2] == expected  # what Python itself prints
 
+    pids.unlink()
     result = perfrun(
         "--log-dir", str(tmp_path / "log"), str(TRAIN), "--steps", "5", cwd=tmp_path, env=env
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines()[:2] == expected
-    assert result.stderr.count("Error in sitecustomize") == 1
+    run_dir = run_dir_of(tmp_path / "log")
+    script_pid = rank_data(run_dir)["env"]["pid"]
+    ran_in = [int(p) for p in pids.read_text().split()]
+    assert ran_in.count(script_pid) == 1
+    assert set(ran_in) <= {script_pid, result.pid}
+    # Each process it ran in printed Python's two lines, the script's included.
+    lines = result.stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == expected[0]]
+    assert len(starts) == len(ran_in)
+    assert all(lines[i : i + 2] == expected for i in starts)
     assert "training finished" in result.stdout
-    assert len(rows(run_dir_of(tmp_path / "log"))) == 5
+    assert len(rows(run_dir)) == 5
 
 
 # -- DataLoader workers are not ranks ------------------------------------------------------------
@@ -402,7 +443,8 @@ def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) ->
 
 def _error_case(tmp_path: Path, *args: str, code: int, env: Optional[dict] = None) -> str:
     marker = tmp_path / "marker"
-    result = perfrun(*args, str(EXIT_SCRIPT), str(marker), cwd=tmp_path, env=env)
+    env = dict(env or base_env(), PROC_EXIT_MARKER=str(marker))
+    result = perfrun(*args, str(EXIT_SCRIPT), cwd=tmp_path, env=env)
     line = assert_one_line_error(result, code)
     assert not marker.exists(), "the script ran"
     return line
@@ -458,9 +500,8 @@ def test_unknown_profiler_key_lists_valid_keys(tmp_path: Path) -> None:
 
 def test_script_option_after_script_shows_the_dash_dash_fix(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    result = perfrun(
-        str(EXIT_SCRIPT), str(marker), "--scheduler", "cosine", cwd=tmp_path
-    )
+    env = base_env(PROC_EXIT_MARKER=str(marker))
+    result = perfrun(str(EXIT_SCRIPT), "--scheduler", "cosine", cwd=tmp_path, env=env)
     line = assert_one_line_error(result, ExitCode.USAGE)
     assert f"perfrun {EXIT_SCRIPT} -- --scheduler cosine" in line
     assert not marker.exists()
@@ -489,7 +530,7 @@ def test_nsys_missing_fails_before_anything_runs(tmp_path: Path) -> None:
 def finished_run(tmp_path: Path) -> Path:
     """A real (torch-free, so quick) run folder to damage."""
     log = tmp_path / "log"
-    result = perfrun("--log-dir", str(log), str(EXIT_SCRIPT), str(tmp_path / "m"), cwd=tmp_path)
+    result = perfrun("--log-dir", str(log), str(EXIT_SCRIPT), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = run_dir_of(log)
     ok = perfrun("report", str(run_dir), cwd=tmp_path)

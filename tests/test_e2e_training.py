@@ -114,23 +114,34 @@ def check_run(run: PerfrunRun, steps: int) -> RankResult:
     return rank
 
 
-def column(rank: RankResult, name: str) -> list[Any]:
-    return rank.column(name)
-
-
 # -- loop shapes -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("script", "args", "steps", "per_step_calls", "samples"),
     [
-        pytest.param(LOADER, [], 12, (1, 1, 1, 2), 4, id="dataloader-optimizer"),
-        pytest.param(LOADER, ["--update", "manual"], 12, (1, 1, 1, 0), 4, id="dataloader-manual"),
-        pytest.param(TENSORS, [], 8, (0, 1, 1, 2), 0, id="tensors-optimizer"),
+        # 22 samples in batches of 5, two epochs: each step's samples are
+        # read from its own batch, the short last one included.
+        pytest.param(
+            LOADER,
+            ["--samples", "22", "--batch", "5"],
+            10,
+            (1, 1, 1, 2),
+            [5, 5, 5, 5, 2] * 2,
+            id="dataloader-optimizer",
+        ),
+        pytest.param(
+            LOADER, ["--update", "manual"], 12, (1, 1, 1, 0), [4] * 12, id="dataloader-manual"
+        ),
+        pytest.param(TENSORS, [], 8, (0, 1, 1, 2), None, id="tensors-optimizer"),
         # The loss module is a second top-level forward; it must not start a
         # step of its own.
         pytest.param(
-            TENSORS, ["--update", "manual", "--loss-module"], 8, (0, 2, 1, 0), 0,
+            TENSORS,
+            ["--update", "manual", "--loss-module"],
+            8,
+            (0, 2, 1, 0),
+            None,
             id="tensors-manual-loss-module",
         ),
     ],
@@ -141,17 +152,21 @@ def test_loop_shapes_exact_steps(
     args: list[str],
     steps: int,
     per_step_calls: tuple[int, ...],
-    samples: int,
+    samples: list[int] | None,
 ) -> None:
     """With and without a DataLoader, with torch.optim or a hand-written SGD
-    update: one step per optimizer update."""
-    rank = check_run(run_perfrun(script, *args), steps)
+    update: one step per optimizer update (per batch without an optimizer)."""
+    run = run_perfrun(script, *args)
+    rank = check_run(run, steps)
     assert [calls(r) for r in rank.rows] == [per_step_calls] * steps
-    if samples:
-        assert column(rank, "samples") == [samples] * steps
+    samples_ips = run.report()["perf"]["samples_ips"]
+    if samples is not None:
+        assert rank.column("samples") == samples
+        assert samples_ips is not None
     else:
         # No DataLoader: nothing to infer the batch size from.
-        assert not any(column(rank, "samples"))
+        assert not any(rank.column("samples"))
+        assert samples_ips is None
     assert rank.status == "finished"
     assert rank.data["extra"]["eval"]["calls"] == 0
 
@@ -161,7 +176,7 @@ def test_gradient_accumulation_with_dataloader(run_perfrun: RunPerfrun) -> None:
     # steps of 3 micro-batches each, over 2 epochs.
     rank = check_run(run_perfrun(LOADER, "--accum", "3"), 4)
     assert [calls(r) for r in rank.rows] == [(3, 3, 3, 2)] * 4
-    assert column(rank, "samples") == [12] * 4
+    assert rank.column("samples") == [12] * 4
 
 
 def test_gradient_accumulation_without_dataloader(run_perfrun: RunPerfrun) -> None:
@@ -177,11 +192,11 @@ def test_lbfgs_closure_steps(run_perfrun: RunPerfrun) -> None:
     rank = check_run(run, 6)
     closure_calls = [int(n) for n in re.findall(r"closure calls (\d+)", run.out)]
     assert len(closure_calls) == 6, run.out
-    assert column(rank, "forward_calls") == closure_calls
-    assert column(rank, "backward_calls") == closure_calls
+    assert rank.column("forward_calls") == closure_calls
+    assert rank.column("backward_calls") == closure_calls
     # The step itself plus the zero_grad each closure makes.
-    assert column(rank, "optimization_calls") == [1 + n for n in closure_calls]
-    assert column(rank, "dataloader_calls") == [0] * 6
+    assert rank.column("optimization_calls") == [1 + n for n in closure_calls]
+    assert rank.column("dataloader_calls") == [0] * 6
     for row in rank.rows:
         assert row[COL["forward"]] > 0.0
         assert row[COL["backward"]] > 0.0
@@ -193,7 +208,7 @@ def test_inference_loop(run_perfrun: RunPerfrun) -> None:
     its no_grad loop is the measured loop, one step per batch."""
     rank = check_run(run_perfrun(INFER, "--samples", "40", "--batch", "8"), 5)
     assert [calls(r) for r in rank.rows] == [(1, 1, 0, 0)] * 5
-    assert column(rank, "samples") == [8] * 5
+    assert rank.column("samples") == [8] * 5
     assert rank.data["extra"]["eval"]["calls"] == 0
 
 
@@ -207,13 +222,13 @@ def test_validation_pass_is_not_a_step(run_perfrun: RunPerfrun) -> None:
     assert run.out.count("val loss") == 3
     assert [calls(r) for r in rank.rows] == [(1, 1, 1, 2)] * 12
     # Validation batches are not training samples.
-    assert column(rank, "samples") == [4] * 12
+    assert rank.column("samples") == [4] * 12
     evaluation = rank.data["extra"]["eval"]
     assert evaluation["calls"] == 3
     assert evaluation["forward_calls"] == 9
     assert evaluation["time"] > 0.0
     # The passes are cut out of the steps they fell in, and only those.
-    excluded = column(rank, "excluded")
+    excluded = rank.column("excluded")
     assert [i for i, e in enumerate(excluded) if e > 0.0] == [3, 7, 11]
     assert sum(excluded) >= evaluation["time"] - TOLERANCE
     extras = {e["name"]: e for e in run.report()["extras"]}
@@ -227,12 +242,10 @@ def test_phase_times_match_known_costs(run_perfrun: RunPerfrun) -> None:
     """The Dataset sleeps 20 ms per batch and the forward busy-waits 30 ms:
     per-step medians land in Dataloader and Forward, within generous bounds."""
     sleep, busy = 0.020, 0.030
-    rank = check_run(
-        run_perfrun(TIMED, "--steps", "8", "--sleep-ms", "20", "--busy-ms", "30"), 8
-    )
+    rank = check_run(run_perfrun(TIMED, "--steps", "8", "--sleep-ms", "20", "--busy-ms", "30"), 8)
 
     def median(name: str) -> float:
-        return statistics.median(column(rank, name))
+        return statistics.median(rank.column(name))
 
     assert 0.8 * sleep <= median("dataloader") <= 3 * sleep
     assert 0.8 * busy <= median("forward") <= 3 * busy
@@ -240,24 +253,17 @@ def test_phase_times_match_known_costs(run_perfrun: RunPerfrun) -> None:
     assert median("backward") < 0.8 * sleep
     assert median("optimization") < 0.8 * sleep
     assert statistics.median(others(r) for r in rank.rows) < 0.8 * sleep
-    assert column(rank, "samples") == [6] * 8
+    assert rank.column("samples") == [6] * 8
 
 
 # -- samples per step ----------------------------------------------------------------------
-
-
-def test_samples_inferred_from_each_batch(run_perfrun: RunPerfrun) -> None:
-    # 22 samples in batches of 5: four full batches and a last one of 2.
-    run = run_perfrun(LOADER, "--samples", "22", "--batch", "5")
-    rank = check_run(run, 10)
-    assert column(rank, "samples") == [5, 5, 5, 5, 2] * 2
-    assert run.report()["perf"]["samples_ips"] is not None
+# (Inferred from each batch: see test_loop_shapes_exact_steps.)
 
 
 def test_batch_size_option_overrides_inference(run_perfrun: RunPerfrun) -> None:
-    run = run_perfrun("--batch-size", "7", LOADER)
+    run = run_perfrun("--batch-size", "7", LOADER, "--update", "manual")
     rank = check_run(run, 12)
-    assert column(rank, "samples") == [7] * 12
+    assert rank.column("samples") == [7] * 12
     perf = run.report()["perf"]
     assert perf["samples_ips"]["avg"] == pytest.approx(7 * perf["ips"]["avg"], rel=1e-9)
 
@@ -270,7 +276,7 @@ def test_batch_size_option_overrides_inference(run_perfrun: RunPerfrun) -> None:
     [
         pytest.param(TENSORS, ["--steps", "1000"], "step 4:", "step 5:", id="tensors"),
         # 6 batches per epoch: the stop comes inside the first epoch.
-        pytest.param(LOADER, ["--samples", "24", "--batch", "4"], None, "epoch 0", id="dataloader"),
+        pytest.param(LOADER, ["--update", "manual"], None, "epoch 0", id="dataloader-manual"),
     ],
 )
 def test_stop_after(
@@ -293,7 +299,7 @@ def test_stop_after(
 def test_scheduler_window_is_recorded(run_perfrun: RunPerfrun) -> None:
     # Given after the script: perfrun's long options may follow it, and the
     # script's own `--steps` still reaches the script.
-    run = run_perfrun(TENSORS, "--scheduler", "3", "6", "--steps", "10")
+    run = run_perfrun(TENSORS, "--scheduler", "3", "6", "--steps", "10", "--update", "manual")
     rank = check_run(run, 10)
     assert rank.data["window"] == [3, 6]
     assert rank.data["settings"]["scheduler"] == [3, 6]
@@ -323,7 +329,7 @@ def test_bad_scheduler_window_is_a_config_error(
 
 
 def test_timer_only_prints_perf_summary(run_perfrun: RunPerfrun) -> None:
-    run = run_perfrun("--timer-only", LOADER, json_report=False)
+    run = run_perfrun("--timer-only", LOADER, "--update", "manual", json_report=False)
     rank = check_run(run, 12)
     assert rank.data["settings"]["timer_only"] is True
     tables = run.out[run.out.index("Perf Summary") :]
@@ -336,7 +342,7 @@ def test_dataloader_workers_write_one_rank_file(run_perfrun: RunPerfrun) -> None
     run = run_perfrun(LOADER, "--workers", "2")
     rank = check_run(run, 12)
     assert [calls(r) for r in rank.rows] == [(1, 1, 1, 2)] * 12
-    assert column(rank, "samples") == [4] * 12
+    assert rank.column("samples") == [4] * 12
     assert sorted(p.name for p in run.run_dir.iterdir()) == ["rank0.json", "run.json"]
     assert sorted(p.name for p in run.log_dir.iterdir()) == sorted(["latest", run.run_dir.name])
     # Workers are not ranks: perfrun says nothing from inside them.
@@ -350,9 +356,9 @@ def test_dataloader_workers_write_one_rank_file(run_perfrun: RunPerfrun) -> None
 def test_script_stdout_comes_first_and_unchanged(
     run_perfrun: RunPerfrun, run_python: Callable[..., bytes]
 ) -> None:
-    direct = run_python(LOADER)
+    direct = run_python(LOADER, "--update", "manual")
     assert direct.startswith(b"epoch 0: loss ")
-    run = run_perfrun(LOADER, json_report=False)
+    run = run_perfrun(LOADER, "--update", "manual", json_report=False)
     check_run(run, 12)
     assert run.stdout[: len(direct)] == direct
     assert b"Perf Summary" in run.stdout[len(direct) :]

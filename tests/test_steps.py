@@ -209,12 +209,27 @@ def test_training_loop_with_dataloader_is_one_step_per_batch(n: int) -> None:
 # the first phase of the iteration. Each body is 16 s of phases plus 3 s of
 # untimed code (making the batch, logging).
 NO_LOADER_BODIES = {
-    "forward first": [(FWD, MODEL, 4), (FWD, LOSS, 1), (ZERO, OPTIM, 1), (BWD, None, 8),
-                      (OPT, OPTIM, 2)],
-    "zero_grad first": [(ZERO, OPTIM, 1), (FWD, MODEL, 4), (FWD, LOSS, 1), (BWD, None, 8),
-                        (OPT, OPTIM, 2)],
-    "zero_grad last": [(FWD, MODEL, 4), (FWD, LOSS, 1), (BWD, None, 8), (OPT, OPTIM, 2),
-                       (ZERO, OPTIM, 1)],
+    "forward first": [
+        (FWD, MODEL, 4),
+        (FWD, LOSS, 1),
+        (ZERO, OPTIM, 1),
+        (BWD, None, 8),
+        (OPT, OPTIM, 2),
+    ],
+    "zero_grad first": [
+        (ZERO, OPTIM, 1),
+        (FWD, MODEL, 4),
+        (FWD, LOSS, 1),
+        (BWD, None, 8),
+        (OPT, OPTIM, 2),
+    ],
+    "zero_grad last": [
+        (FWD, MODEL, 4),
+        (FWD, LOSS, 1),
+        (BWD, None, 8),
+        (OPT, OPTIM, 2),
+        (ZERO, OPTIM, 1),
+    ],
 }
 
 
@@ -310,8 +325,15 @@ def test_hand_written_sgd_is_one_step_per_iteration(loader: bool) -> None:
 
     d, calls, samples = (1, (1, 2, 1, 0), 16) if loader else (0, (0, 2, 1, 0), 0)
     full = [
-        row(i * (18 + d), (i + 1) * (18 + d), dataloader=d, forward=5, backward=8,
-            calls=calls, samples=samples)
+        row(
+            i * (18 + d),
+            (i + 1) * (18 + d),
+            dataloader=d,
+            forward=5,
+            backward=8,
+            calls=calls,
+            samples=samples,
+        )
         for i in range(3)
     ]
     if loader:
@@ -371,8 +393,16 @@ def test_gradient_accumulation_is_one_step_per_optimizer_step(k: int) -> None:
     rows = s.finish()
     length = 15 * k + 5
     assert rows == [
-        row(2 + length * i, 2 + length * (i + 1), dataloader=k, forward=5 * k, backward=8 * k,
-            optimization=3, calls=(k, 2 * k, k, 2), samples=8 * k)
+        row(
+            2 + length * i,
+            2 + length * (i + 1),
+            dataloader=k,
+            forward=5 * k,
+            backward=8 * k,
+            optimization=3,
+            calls=(k, 2 * k, k, 2),
+            samples=8 * k,
+        )
         for i in range(3)
     ]
     assert [others(r) for r in rows] == [k + 2] * 3
@@ -410,18 +440,24 @@ def test_step_on_per_micro_batch_on_accumulation(step_on: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("step_on", "count", "last"),
+    ("step_on", "count", "last", "last_others"),
     [
         # Each mode ends the last step at its own closing event.
-        ("optimizer", 2, row(61, 119, forward=20, backward=32, optimization=2,
-                             calls=(0, 8, 4, 1))),
-        ("forward", 8, row(103, 108, forward=5, calls=(0, 2, 0, 0))),
-        ("backward", 8, row(103, 116, forward=5, backward=8, calls=(0, 2, 1, 0))),
+        (
+            "optimizer",
+            2,
+            row(61, 119, forward=20, backward=32, optimization=2, calls=(0, 8, 4, 1)),
+            4,
+        ),
+        ("forward", 8, row(103, 108, forward=5, calls=(0, 2, 0, 0)), 0),
+        ("backward", 8, row(103, 116, forward=5, backward=8, calls=(0, 2, 1, 0)), 0),
         # No fetch ever closes a step: nothing is complete.
-        ("dataloader", 0, None),
+        ("dataloader", 0, None, None),
     ],
 )
-def test_step_on_without_dataloader(step_on: str, count: int, last: Optional[list]) -> None:
+def test_step_on_without_dataloader(
+    step_on: str, count: int, last: Optional[list], last_others: Optional[float]
+) -> None:
     s = Script(step_on=step_on)
     accumulate(s, 4, 2, loader=False)
     rows = s.finish()
@@ -429,7 +465,7 @@ def test_step_on_without_dataloader(step_on: str, count: int, last: Optional[lis
     assert_contiguous(rows)
     if last is not None:
         assert rows[-1] == last
-        assert others(rows[-1]) == 0
+        assert others(rows[-1]) == last_others
 
 
 def test_unknown_step_on_is_refused() -> None:
@@ -482,8 +518,16 @@ def test_lbfgs_with_dataloader_is_one_step_per_batch() -> None:
     s.exhausted(1)
     rows = s.finish()
     assert rows == [
-        row(2 + 46 * i, 48 + 46 * i, dataloader=1, forward=15, backward=24, optimization=5,
-            calls=(1, 6, 3, 4), samples=4)
+        row(
+            2 + 46 * i,
+            48 + 46 * i,
+            dataloader=1,
+            forward=15,
+            backward=24,
+            optimization=5,
+            calls=(1, 6, 3, 4),
+            samples=4,
+        )
         for i in range(3)
     ]
     assert [others(r) for r in rows] == [1, 1, 1]
@@ -530,8 +574,16 @@ def test_gan_with_dataloader_is_one_step_per_batch() -> None:
     s.exhausted(1)
     rows = s.finish()
     assert rows == [
-        row(28 * i, 28 * (i + 1), dataloader=1, forward=11, backward=8, optimization=6,
-            calls=(1, 6, 2, 4), samples=64)
+        row(
+            28 * i,
+            28 * (i + 1),
+            dataloader=1,
+            forward=11,
+            backward=8,
+            optimization=6,
+            calls=(1, 6, 2, 4),
+            samples=64,
+        )
         for i in range(3)
     ]
     assert [others(r) for r in rows] == [2, 2, 2]
@@ -563,8 +615,15 @@ def test_grad_scaler_step_around_optimizer_step_is_one_call() -> None:
     s.exhausted(1)
     rows = s.finish()
     assert rows == [
-        row(21 * i, 21 * (i + 1), dataloader=1, forward=5, backward=8, optimization=6,
-            calls=(1, 2, 1, 3))
+        row(
+            21 * i,
+            21 * (i + 1),
+            dataloader=1,
+            forward=5,
+            backward=8,
+            optimization=6,
+            calls=(1, 2, 1, 3),
+        )
         for i in range(2)
     ]
 
@@ -656,8 +715,16 @@ def test_eval_pass_inside_a_step_is_excluded() -> None:
     s.exhausted(1)
     rows = s.finish()
     assert rows == [
-        row(0, 23, dataloader=1, forward=4, backward=8, optimization=2, excluded=7,
-            calls=(1, 1, 1, 1)),
+        row(
+            0,
+            23,
+            dataloader=1,
+            forward=4,
+            backward=8,
+            optimization=2,
+            excluded=7,
+            calls=(1, 1, 1, 1),
+        ),
         row(23, 39, dataloader=1, forward=4, backward=8, optimization=2, calls=(1, 1, 1, 1)),
     ]
     assert s.tracker.eval_time == 7
@@ -691,6 +758,52 @@ def test_epochs_count_nothing_between_them() -> None:
     assert (t.eval_spans, t.eval_time) == (2, 12.0)
 
 
+def test_two_validation_loaders_are_one_evaluation_span() -> None:
+    # The second loader's iterator is created inside the span (an evaluation
+    # fetch follows it), so the span covers it and it is subtracted once.
+    s = Script()
+    s.new_iterator(2)
+    train_batch(s)
+    eval_pass(s, 1)  # iterator 2 before the span, span 24..30
+    eval_pass(s, 1)  # iterator 30..32 inside the span, span ends at 38
+    train_batch(s)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [train_row(2, excluded=16), train_row(38)]
+    t = s.tracker
+    assert (t.eval_spans, t.eval_time) == (1, 14.0)
+    assert (t.init_calls, t.init_time) == (3, 6.0)
+
+
+def test_training_iterator_after_evaluation_is_not_evaluation() -> None:
+    # `next(iter(loader))` each iteration, with an evaluation pass after the
+    # first: the training iterator created after it is excluded from the
+    # step but is no evaluation time.
+    s = Script()
+    for i in range(3):
+        s.new_iterator(2)
+        train_batch(s)
+        if i == 0:
+            eval_pass(s, 1)  # iterator 22..24, span 24..30
+    rows = s.finish()
+    assert rows == [
+        train_row(2, excluded=10),
+        train_row(32, excluded=2),
+        row(
+            54,
+            71,
+            dataloader=1,
+            forward=5,
+            backward=8,
+            optimization=3,
+            calls=(1, 2, 1, 2),
+            samples=32,
+        ),
+    ]
+    assert [step_time(r) for r in rows] == [20, 20, 17]
+    assert (s.tracker.eval_spans, s.tracker.eval_time) == (1, 6.0)
+
+
 def test_iterator_created_inside_a_step_is_excluded() -> None:
     # `batch = next(iter(loader))` every iteration: the worker start-up
     # falls inside the previous step and is not part of it.
@@ -700,8 +813,16 @@ def test_iterator_created_inside_a_step_is_excluded() -> None:
         train_batch(s)
     rows = s.finish()
     assert rows == [train_row(2, excluded=2), train_row(24, excluded=2)] + [
-        row(46, 63, dataloader=1, forward=5, backward=8, optimization=3, calls=(1, 2, 1, 2),
-            samples=32)
+        row(
+            46,
+            63,
+            dataloader=1,
+            forward=5,
+            backward=8,
+            optimization=3,
+            calls=(1, 2, 1, 2),
+            samples=32,
+        )
     ]
     assert [step_time(r) for r in rows] == [20, 20, 17]
     assert s.tracker.init_time == 6

@@ -137,7 +137,60 @@ def short_kernel_name(name: str, width: int = 72) -> str:
 
 
 def is_communication(name: str) -> bool:
+    if name.startswith("aten::"):
+        # No aten op is a collective (aten::broadcast_tensors, aten::broadcast_to).
+        return False
     return bool(_COMM_OP.search(name)) or "nccl" in name.lower()
+
+
+# Host-side events torch nests into one call tree per thread.
+_TREE_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+
+
+def redispatched(spans: Sequence[dict[str, Any]]) -> set[int]:
+    """Indices (into `spans`) of the events torch's own aggregation drops: an
+    event whose parent has the same name and no other child is one call seen
+    twice (an op redispatching to itself, `aten::div_` inside `aten::div_`),
+    so counting both would double its calls and time. Same rule as
+    torch.autograd.profiler_util.EventList._remove_dup_nodes."""
+    threads: dict[Any, list[tuple[int, int, int]]] = {}
+    for i, e in enumerate(spans):
+        if e.get("cat") in _TREE_CATS:
+            # Integer nanoseconds: microsecond floats near 4e12 cannot tell
+            # a child that ends with its parent from one that ends after it.
+            start = round(e["ts"] * 1000)
+            threads.setdefault((e.get("pid"), e.get("tid")), []).append(
+                (start, start + round(e["dur"] * 1000), i)
+            )
+    parent: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    for events in threads.values():
+        events.sort(key=lambda x: (x[0], -x[1]))
+        stack: list[tuple[int, int, int]] = []
+        for start, end, i in events:
+            while stack and (start >= stack[-1][1] or end > stack[-1][1]):
+                stack.pop()
+            if stack:
+                parent[i] = stack[-1][2]
+                children.setdefault(stack[-1][2], []).append(i)
+            stack.append((start, end, i))
+    dropped: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, p in list(parent.items()):
+            if (
+                i not in dropped
+                and spans[p].get("name") == spans[i].get("name")
+                and len(children.get(p, ())) == 1
+            ):
+                dropped.add(i)
+                children[p] = children.pop(i, [])
+                for c in children[p]:
+                    parent[c] = p
+                del parent[i]
+                changed = True
+    return dropped
 
 
 # -- the summary -----------------------------------------------------------------
@@ -163,6 +216,15 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
     """Aggregate a window's trace events into the data every window table is
     printed from. Times in seconds (the trace's are microseconds)."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    # Kernels keep their link to an op even when the op's redispatched copy
+    # (the one that launched them) is dropped: both carry the same name.
+    ext_to_op: dict[Any, str] = {}
+    for e in spans:
+        ext = (e.get("args") or {}).get("External id")
+        if e.get("cat") == "cpu_op" and ext is not None:
+            ext_to_op[ext] = e.get("name", "")
+    dropped = redispatched(spans)
+    spans = [e for i, e in enumerate(spans) if i not in dropped]
     step_iv = [
         (e["ts"], e["ts"] + e["dur"])
         for e in spans
@@ -191,8 +253,8 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
     comm_gpu: list[Interval] = []
     compute_cpu: list[Interval] = []
     compute_gpu: list[Interval] = []
-    sync_calls = 0
-    ext_to_op: dict[Any, str] = {}
+    sync_ops: dict[Any, list[Interval]] = {}
+    sync_runtime: list[tuple[Any, Interval]] = []
 
     for e in spans:
         cat = e.get("cat")
@@ -220,20 +282,17 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             args = e.get("args") or {}
             if "flops" in args:
                 op_flops[name] = op_flops.get(name, 0.0) + float(args["flops"] or 0)
-            ext = args.get("External id")
-            if ext is not None:
-                ext_to_op[ext] = name
             if is_communication(name):
                 comm_cpu.append(iv)
             else:
                 compute_cpu.append(iv)
             if name in _SYNC_OPS:
-                sync_calls += 1
+                sync_ops.setdefault((e.get("pid"), e.get("tid")), []).append(iv)
         elif cat in ("cuda_runtime", "cuda_driver"):
             by_type["CudaRuntime"].append(iv)
             calls["CudaRuntime"] += 1
             if name in _SYNC_RUNTIME and name != "cudaMemcpyAsync":
-                sync_calls += 1
+                sync_runtime.append(((e.get("pid"), e.get("tid")), iv))
         elif cat == "kernel":
             short = short_kernel_name(name)
             kernels.setdefault(short, []).append(e["dur"] / 1e6)
@@ -263,15 +322,6 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             by_type["Memset"].append(iv)
             calls["Memset"] += 1
             memcpy.setdefault("Memset", []).append(e["dur"] / 1e6)
-        # Kernels may be listed before the ops that launched them.
-    if op_gpu == {} and ext_to_op:
-        for e in spans:
-            if e.get("cat") == "kernel":
-                op = ext_to_op.get((e.get("args") or {}).get("External id"))
-                if op is not None:
-                    short = short_kernel_name(e.get("name", ""))
-                    op_gpu[op] = op_gpu.get(op, 0.0) + e["dur"] / 1e6
-                    op_kernels.setdefault(op, {}).setdefault(short, []).append(e["dur"] / 1e6)
 
     overview = []
     for t in CPU_TYPES + GPU_TYPES:
@@ -301,6 +351,13 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             "overlap_ratio": _ratio(total(both) / 1e6, w),
         }
 
+    # One `.item()` is one synchronisation: the cudaStreamSynchronize inside
+    # its aten::_local_scalar_dense is not counted again.
+    sync_calls = sum(len(v) for v in sync_ops.values()) + sum(
+        1
+        for thread, (a, b) in sync_runtime
+        if not any(c <= a and b <= d for c, d in sync_ops.get(thread, ()))
+    )
     if not by_type["Kernel"] and not by_type["Communication"] and not by_type["Memcpy"]:
         # No GPU: reading a CPU tensor's value stalls nothing.
         sync_calls = 0

@@ -5,7 +5,7 @@ terminal width, no dates), so tests can compare it with stored text."""
 from __future__ import annotations
 
 from perfrun.analysis.summary import Report
-from perfrun.report.common import LinesBlock, TableBlock, TitleBlock, blocks
+from perfrun.report.common import Block, LinesBlock, TableBlock, TitleBlock, blocks
 
 
 def _cell(text: str) -> str:
@@ -38,8 +38,12 @@ def _table(block: TableBlock) -> list[str]:
 
 
 def render_markdown(report: Report) -> str:
+    return render_markdown_blocks(blocks(report))
+
+
+def render_markdown_blocks(items: list[Block]) -> str:
     out: list[str] = []
-    for block in blocks(report):
+    for block in items:
         if isinstance(block, TitleBlock):
             out.append(f"## {block.heading}")
             out.append("")

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfrun.analysis.summary import Report
-from perfrun.report.common import LinesBlock, TableBlock, TitleBlock, blocks
+from perfrun.report.common import Block, LinesBlock, TableBlock, TitleBlock, blocks
 
 #: Width used when the output is not a terminal (a pipe, a file, CI).
 PIPE_WIDTH = 120
@@ -95,7 +95,12 @@ def _tables(block: TableBlock, console: Console) -> list[Table]:
 
 
 def render_table(report: Report, console: Console) -> None:
-    for block in blocks(report):
+    render_blocks(blocks(report), console)
+
+
+def render_blocks(items: list[Block], console: Console) -> None:
+    """Lay out format-neutral blocks (any report: a run, a comparison)."""
+    for block in items:
         if isinstance(block, TitleBlock):
             for label, text in block.entries:
                 line = Text()

@@ -23,9 +23,10 @@ class PhaseClock:
 
     def __init__(self, tracker: StepTracker, now: Callable[[], float] = perf_counter) -> None:
         self.tracker = tracker
-        # Entries: [kind, t0, child_time, is_eval]; None marks a same-kind
-        # nested call that is folded into its parent.
-        self.stack: list[Optional[list]] = []
+        # Entries: [kind, t0, child_time, is_eval]. A same-kind nested call
+        # is folded into its parent by pushing the parent's entry again, so
+        # a phase nested further in still has a real parent to subtract from.
+        self.stack: list[list] = []
         self.listener: Optional[EdgeListener] = None
         self.now = now
 
@@ -33,8 +34,8 @@ class PhaseClock:
         stack = self.stack
         if stack:
             top = stack[-1]
-            if top is None or top[0] == kind:
-                stack.append(None)
+            if top[0] == kind:
+                stack.append(top)
                 return
             stack.append([kind, self.now(), 0.0, top[3]])
             return
@@ -50,16 +51,12 @@ class PhaseClock:
         if not stack:
             return
         entry = stack.pop()
-        if entry is None:
-            return
+        if stack and stack[-1] is entry:
+            return  # a folded same-kind call
         kind, t0, child, is_eval = entry
         duration = t - t0
         if stack:
-            parent = stack[-1]
-            if parent is not None:
-                parent[2] += duration
-            else:  # pragma: no cover - a None always sits above a real entry
-                pass
+            stack[-1][2] += duration
         elif self.listener is not None:
             self.listener(kind, False, is_eval)
         self.tracker.end(kind, t, duration - child, is_eval)
@@ -68,7 +65,7 @@ class PhaseClock:
         """Drop the innermost phase without counting it (a fetch that raised
         StopIteration was no batch). Returns its start time and eval flag."""
         entry = self.stack.pop()
-        if entry is None:
+        if self.stack and self.stack[-1] is entry:
             return (self.now(), False)
         kind, t0, _child, is_eval = entry
         if not self.stack and self.listener is not None:

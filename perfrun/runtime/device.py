@@ -17,6 +17,7 @@ class DeviceSampler:
         self._psutil: Any = None
         self._nvml: Any = None
         self._handles: list[Any] = []
+        self.driver: Optional[str] = None
         try:
             import psutil
 
@@ -31,6 +32,8 @@ class DeviceSampler:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            self.driver = driver.decode() if isinstance(driver, bytes) else str(driver)
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 name = pynvml.nvmlDeviceGetName(handle)
@@ -97,6 +100,7 @@ class DeviceSampler:
             "cpu_count": os.cpu_count(),
             "rss_peak_bytes": peak_rss(),
             "gpus": [],
+            "driver": self.driver,
         }
         for g in self.gpus.values():
             out["gpus"].append(

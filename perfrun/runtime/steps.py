@@ -200,7 +200,8 @@ class StepTracker:
         self.init_time += t1 - t0
         if self.eval_open:
             # Inside an evaluation pass (a second validation loader) or just
-            # after one (the next epoch's training iterator): `end` decides.
+            # after one (the next epoch's training iterator): held apart until
+            # an evaluation event follows it.
             self.eval_tail += t1 - t0
         elif self.open:
             self.excl += t1 - t0

@@ -39,6 +39,12 @@ class ProfilerWindow:
         self.prof: Any = None
         self.recorded_from: Optional[int] = None
         self.last_index = -1
+        self.last_committed = -1
+        # A step cancelled by its own StopIteration is begun again under the
+        # same index: that second begin must not advance the profiler's
+        # schedule, or the window loses its last step.
+        self._reopen: Optional[int] = None
+        self.cancelled: dict[int, int] = {}
         self._handles: list[Any] = []
         self._step_handle: Any = None
         self._enter = torch.ops.profiler._record_function_enter_new
@@ -49,6 +55,7 @@ class ProfilerWindow:
 
     def step_begin(self, index: int, t: float) -> None:
         self.last_index = index
+        reopened, self._reopen = index == self._reopen, None
         if self.state == "waiting":
             if index == self.start - self.warm or (
                 index > self.start - self.warm and index < self.end
@@ -56,7 +63,7 @@ class ProfilerWindow:
                 self._start(index)
             else:
                 return
-        elif self.state == "running":
+        elif self.state == "running" and not reopened:
             self.prof.step()
             if index >= self.end:
                 self._stop()
@@ -65,9 +72,15 @@ class ProfilerWindow:
             self._step_handle = self._enter(f"{STEP_PREFIX}{index}", None)
 
     def step_end(self, index: int, t: float, committed: bool) -> None:
+        if committed:
+            self.last_committed = index
+        else:
+            self._reopen = index
         if self._step_handle is not None:
             handle, self._step_handle = self._step_handle, None
             self._exit(handle)
+            if not committed:
+                self.cancelled[index] = self.cancelled.get(index, 0) + 1
 
     def edge(self, kind: int, enter: bool, is_eval: bool) -> None:
         if self.state != "running":
@@ -115,18 +128,18 @@ class ProfilerWindow:
     def finish(self) -> None:
         """The run ended: close a window that is still open (the script ran
         out of steps inside it) and export what it recorded."""
-        if self.state == "running" and self.last_index >= self.end - 1:
+        if self.state == "running" and self.last_committed >= self.end - 1:
             self._stop()  # --stop-after-window: every step was recorded
         elif self.state == "running":
             self.agent.notes.append(
                 f"detailed window [{self.start}, {self.end}) ended early: the script's last "
-                f"step was {self.last_index}"
+                f"step was {self.last_committed}"
             )
             self._stop()
         elif self.state == "waiting":
             self.agent.notes.append(
                 f"detailed window [{self.start}, {self.end}) never opened: the script ran "
-                f"{self.last_index + 1} steps"
+                f"{self.last_committed + 1} steps"
             )
 
     def _ready(self, prof: Any) -> None:
@@ -139,6 +152,13 @@ class ProfilerWindow:
 
     def _export(self, prof: Any) -> None:
         t0 = time.perf_counter()
+        check = os.environ.get("PERFRUN_KEY_AVERAGES_OUT")
+        if check:
+            # For the test that holds the Operator table against torch's own
+            # aggregation of the very same window.
+            table = {e.key: {"count": e.count, "cpu_time_total_us": e.cpu_time_total}
+                     for e in prof.key_averages()}
+            atomic_write_text(check, json.dumps(table))
         agent = self.agent
         folder = os.path.join(agent.run_dir, "trace")
         os.makedirs(folder, exist_ok=True)
@@ -149,9 +169,10 @@ class ProfilerWindow:
             trace = json.load(f)
         os.unlink(raw)
         events = trace.get("traceEvents", [])
+        _drop_cancelled(events, self.cancelled)
         steps = self.end - (self.recorded_from or self.start)
-        if self.last_index < self.end - 1:
-            steps = max(0, self.last_index + 1 - (self.recorded_from or self.start))
+        if self.last_committed < self.end - 1:
+            steps = max(0, self.last_committed + 1 - (self.recorded_from or self.start))
         summary = summarize(events, steps)
         events.extend(_perfrun_track(events))
         text = json.dumps(trace)
@@ -170,6 +191,35 @@ class ProfilerWindow:
         summary["range"] = [self.recorded_from, self.end]
         summary["export_seconds"] = time.perf_counter() - t0
         self.result = summary
+
+
+def _drop_cancelled(events: list[dict[str, Any]], cancelled: dict[int, int]) -> None:
+    """A step whose leading fetch raised StopIteration was no step (the
+    report counts that fetch as "DataLoader end of data"): its range is
+    renamed so, and the phase ranges inside it are removed, so that the
+    window's steps and phases are only the real ones."""
+    spans: list[tuple[float, float]] = []
+    for index, count in cancelled.items():
+        name = f"{STEP_PREFIX}{index}"
+        ranges = sorted(
+            (e for e in events if e.get("cat") == "user_annotation" and e.get("name") == name),
+            key=lambda e: e.get("ts", 0.0),
+        )
+        for e in ranges[:count]:
+            e["name"] = PHASE_PREFIX + "DataLoader end of data"
+            spans.append((e["ts"], e["ts"] + e.get("dur", 0.0)))
+    if not spans:
+        return
+    events[:] = [
+        e
+        for e in events
+        if not (
+            e.get("cat") == "user_annotation"
+            and str(e.get("name", "")).startswith(PHASE_PREFIX)
+            and not str(e.get("name", "")).endswith("DataLoader end of data")
+            and any(a <= e.get("ts", -1.0) and e["ts"] + e.get("dur", 0.0) <= b for a, b in spans)
+        )
+    ]
 
 
 def _perfrun_track(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

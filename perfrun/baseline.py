@@ -1,0 +1,154 @@
+"""Baselines: a run's versioned results plus the fingerprint of the
+environment that produced them, in one file a CI job can store and restore.
+
+A comparison between runs on different hardware or software says nothing
+about the change under test, so the gate refuses fingerprints that differ
+(unless told otherwise). The git commit is recorded but never compared: it
+is what is expected to differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+from typing import Any
+
+from .results import (
+    COL,
+    ResultsError,
+    RunResults,
+    atomic_write_text,
+    read_run,
+    resolve_run_dir,
+    validate,
+)
+
+FORMAT = "perfrun-baseline"
+VERSION = 1
+
+# Fingerprint keys that must agree for a comparison to mean anything.
+COMPARED = ("gpus", "driver", "cuda", "torch", "python", "world_size", "batch_size", "script")
+
+
+def git_state(path: str) -> dict[str, Any]:
+    """Commit and dirty flag of the repository holding `path`, if any."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        commit = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return {}
+        status = subprocess.run(
+            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def fingerprint(run: RunResults) -> dict[str, Any]:
+    ref = next((r for r in run.ranks if r.rank == 0), run.ranks[0] if run.ranks else None)
+    data = ref.data if ref is not None else {}
+    env = data.get("env") or {}
+    settings = data.get("settings") or {}
+    cuda = data.get("cuda") or {}
+    device = data.get("device") or {}
+    samples = [
+        r[COL["samples"]] for r in (ref.rows if ref is not None else []) if r[COL["samples"]]
+    ]
+    script = settings.get("script") or (
+        f"-m {settings.get('module')}" if settings.get("module") else None
+    )
+    return {
+        "hostname": env.get("hostname"),
+        "gpus": sorted(g.get("name", "") for g in device.get("gpus") or []),
+        "driver": device.get("driver"),
+        "cuda": cuda.get("version"),
+        "torch": env.get("torch"),
+        "python": env.get("python"),
+        "world_size": run.world_size,
+        "batch_size": statistics.median(samples) if samples else None,
+        "script": script,
+        "script_args": list(settings.get("script_args") or []),
+        "command": env.get("command"),
+        "git": run.meta.get("git") or {},
+    }
+
+
+def mismatches(base: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    out = []
+    for key in COMPARED:
+        a, b = base.get(key), current.get(key)
+        if key == "script" and a and b:
+            a, b = os.path.basename(str(a)), os.path.basename(str(b))
+        if a != b:
+            out.append(f"{key}: baseline {a!r}, current {b!r}")
+    return out
+
+
+def save_baseline(run_dir: str, path: str) -> None:
+    run = read_run(run_dir)
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint(run),
+        "meta": run.meta,
+        "ranks": [r.data for r in run.ranks],
+        "missing": run.missing,
+    }
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    atomic_write_text(path, json.dumps(doc))
+
+
+def load(path: str) -> RunResults:
+    """A baseline file or a results folder (or a log folder's latest run)."""
+    if os.path.isdir(path):
+        return read_run(resolve_run_dir(path))
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ResultsError(f"no such baseline: {path}") from None
+    except OSError as exc:
+        raise ResultsError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ResultsError(
+            f"{path} is not valid JSON (truncated or corrupt at line {exc.lineno})"
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        if isinstance(doc, dict) and doc.get("format") == "perfrun-results":
+            rank = validate(doc, path)
+            return RunResults(run_dir=path, ranks=[rank])
+        raise ResultsError(f"{path} is neither a perfrun baseline nor a results folder")
+    version = doc.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise ResultsError(
+            f"{path} has baseline format version {version}; this perfrun reads "
+            f"up to version {VERSION}: upgrade perfrun"
+        )
+    ranks = [validate(data, f"{path} (rank {i})") for i, data in enumerate(doc.get("ranks", []))]
+    return RunResults(
+        run_dir=path,
+        ranks=ranks,
+        meta=doc.get("meta") or {},
+        missing=list(doc.get("missing") or []),
+    )
+
+
+def stored_fingerprint(path: str, run: RunResults) -> dict[str, Any]:
+    if not os.path.isdir(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+            if isinstance(doc, dict) and isinstance(doc.get("fingerprint"), dict):
+                return doc["fingerprint"]
+        except (OSError, json.JSONDecodeError):
+            pass
+    return fingerprint(run)

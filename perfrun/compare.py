@@ -1,0 +1,136 @@
+"""Two runs side by side: the Perf and Model Summaries with the change per
+row, and the gate's verdict on step time. Pure: both runs come in as
+RunResults (a results folder or a baseline file, read by baseline.load)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .analysis.summary import Report, build_report, steady_rows, step_time
+from .gate import GateResult, gate
+from .results import RunResults
+
+
+@dataclass
+class Row:
+    name: str
+    base: Optional[float]
+    current: Optional[float]
+    unit: str  # "s" for times, "1/s" for rates
+    group: str  # "perf" | "model"
+
+    @property
+    def change(self) -> Optional[float]:
+        if self.base is None or self.current is None or self.base == 0:
+            return None
+        return self.current / self.base - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "baseline": self.base,
+            "current": self.current,
+            "unit": self.unit,
+            "group": self.group,
+            "change": self.change,
+        }
+
+
+@dataclass
+class Comparison:
+    base_label: str
+    current_label: str
+    rows: list[Row]
+    gate: Optional[GateResult]
+    threshold: Optional[float]
+    mismatches: list[str] = field(default_factory=list)
+    problem: Optional[str] = None
+    base_report: Optional[Report] = None
+    current_report: Optional[Report] = None
+
+    @property
+    def throughput_change(self) -> Optional[float]:
+        for row in self.rows:
+            if row.name in ("ips (samples/s)",):
+                return row.change
+        for row in self.rows:
+            if row.name == "ips":
+                return row.change
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "perfrun-comparison",
+            "version": 1,
+            "baseline": self.base_label,
+            "current": self.current_label,
+            "threshold": self.threshold,
+            "gate": self.gate.to_dict() if self.gate else None,
+            "throughput_change": self.throughput_change,
+            "rows": [r.to_dict() for r in self.rows],
+            "environment_mismatches": list(self.mismatches),
+            "problem": self.problem,
+        }
+
+
+def _gate_series(report: Report, run: RunResults) -> list[float]:
+    """Steady-state step times of the reference rank: warm-up and the
+    detailed window left out, as in the Perf Summary."""
+    ref = next((r for r in run.ranks if r.rank == report.title.rank), None)
+    if ref is None:
+        return []
+    return [step_time(r) for r in steady_rows(ref, report.title.warmup)]
+
+
+def compare_runs(
+    base: RunResults,
+    current: RunResults,
+    threshold: Optional[float],
+    base_label: str = "baseline",
+    current_label: str = "current",
+    warmup: Optional[int] = None,
+    mismatches: Optional[list[str]] = None,
+) -> Comparison:
+    b = build_report(base, warmup=warmup)
+    c = build_report(current, warmup=warmup)
+    rows: list[Row] = []
+    if b.perf is not None and c.perf is not None:
+        rows += [
+            Row("reader_cost", b.perf.reader_cost.avg, c.perf.reader_cost.avg, "s", "perf"),
+            Row("batch_cost", b.perf.batch_cost.avg, c.perf.batch_cost.avg, "s", "perf"),
+            Row(
+                "batch_cost median", b.perf.batch_cost.median, c.perf.batch_cost.median, "s", "perf"
+            ),
+            Row("ips", b.perf.ips.avg, c.perf.ips.avg, "1/s", "perf"),
+        ]
+        if b.perf.samples_ips is not None and c.perf.samples_ips is not None:
+            rows.append(
+                Row(
+                    "ips (samples/s)", b.perf.samples_ips.avg, c.perf.samples_ips.avg, "1/s", "perf"
+                )
+            )
+    if b.model is not None and c.model is not None:
+        for mb in b.model.rows:
+            try:
+                mc = c.model.row(mb.name)
+            except KeyError:
+                continue
+            rows.append(Row(mb.name, mb.cpu.avg, mc.cpu.avg, "s", "model"))
+    comparison = Comparison(
+        base_label,
+        current_label,
+        rows,
+        None,
+        threshold,
+        list(mismatches or []),
+        base_report=b,
+        current_report=c,
+    )
+    if b.problem or c.problem:
+        which = "baseline" if b.problem else "current run"
+        comparison.problem = f"the {which} has no measurement: {b.problem or c.problem}"
+        return comparison
+    if threshold is not None:
+        comparison.gate = gate(_gate_series(b, base), _gate_series(c, current), threshold)
+    return comparison

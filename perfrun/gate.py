@@ -1,0 +1,212 @@
+"""The CI performance gate: is the current run slower than the baseline?
+
+A pure function of two lists of steady-state step times. Step times within
+one run are autocorrelated (thermal state, caches, a neighbour's load come
+and go over many steps), so treating them as independent samples makes the
+confidence interval far too narrow and the gate fire on noise. The interval
+here comes from a *moving block bootstrap*: resampling runs of consecutive
+steps keeps that correlation inside each block.
+
+The verdict is three-way, like asv's:
+
+* FAIL when the whole interval of the ratio current/baseline (of median
+  step time) lies above 1 + threshold: slower, beyond doubt;
+* PASS when the whole interval lies below 1 + threshold;
+* INCONCLUSIVE otherwise (noise too large to tell), and when either run has
+  too few steady steps to say anything (the message gives the count needed).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MIN_STEPS = 20
+RESAMPLES = 1000
+CONFIDENCE = 0.95
+SEED = 20240601  # fixed: the same two runs always get the same verdict
+
+
+class Verdict(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    verdict: Verdict
+    ratio: Optional[float]  # median current / median baseline
+    low: Optional[float]
+    high: Optional[float]
+    threshold: float
+    baseline_steps: int
+    current_steps: int
+    block: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "ratio": self.ratio,
+            "ci_low": self.low,
+            "ci_high": self.high,
+            "confidence": CONFIDENCE,
+            "threshold": self.threshold,
+            "baseline_steps": self.baseline_steps,
+            "current_steps": self.current_steps,
+            "block_length": self.block,
+            "reason": self.reason,
+        }
+
+
+def autocorrelation_time(values: Sequence[float]) -> float:
+    """Integrated autocorrelation time 1 + 2 * sum of the lag-k
+    autocorrelations, summed while they stay above noise: how many
+    consecutive steps carry one step's worth of information."""
+    n = len(values)
+    if n < 4:
+        return 1.0
+    mean = sum(values) / n
+    dev = [v - mean for v in values]
+    var = sum(d * d for d in dev)
+    if var <= 0:
+        return 1.0
+    tau = 1.0
+    for k in range(1, min(n // 4, 2000)):
+        rho = sum(dev[i] * dev[i + k] for i in range(n - k)) / var
+        if rho < 0.05:
+            break
+        tau += 2.0 * rho
+    return tau
+
+
+def block_length(values: Sequence[float]) -> int:
+    """Blocks must be longer than the correlation: at least n^(1/3) (the
+    usual rule) and twice the autocorrelation time, at most n/4."""
+    n = len(values)
+    length = max(n ** (1.0 / 3.0), 2.0 * autocorrelation_time(values))
+    return max(1, min(int(math.ceil(length)), max(1, n // 4)))
+
+
+def _resample_medians(
+    values: Sequence[float], block: int, count: int, rng: random.Random
+) -> list[float]:
+    n = len(values)
+    starts = n - block + 1
+    blocks_needed = math.ceil(n / block)
+    out = []
+    for _ in range(count):
+        sample: list[float] = []
+        for _ in range(blocks_needed):
+            s = rng.randrange(starts)
+            sample.extend(values[s : s + block])
+        out.append(statistics.median(sample[:n]))
+    return out
+
+
+def ratio_interval(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float, float, int]:
+    """(ratio, low, high, block): the ratio of median step times and its
+    percentile interval from independent block bootstraps of both runs."""
+    rng = random.Random(seed)
+    block = max(block_length(baseline), block_length(current))
+    block = min(block, len(baseline), len(current))
+    b = _resample_medians(baseline, block, resamples, rng)
+    c = _resample_medians(current, block, resamples, rng)
+    ratios = sorted(cm / bm for bm, cm in zip(b, c) if bm > 0)
+    point = statistics.median(current) / statistics.median(baseline)
+    alpha = (1.0 - CONFIDENCE) / 2.0
+    lo = ratios[int(math.floor(alpha * (len(ratios) - 1)))]
+    hi = ratios[int(math.ceil((1.0 - alpha) * (len(ratios) - 1)))]
+    return point, lo, hi, block
+
+
+def gate(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    threshold: float,
+    min_steps: int = MIN_STEPS,
+) -> GateResult:
+    """Decide PASS / FAIL / INCONCLUSIVE for `threshold` (0.05 = 5% slower
+    allowed)."""
+    nb, nc = len(baseline), len(current)
+    if nb < min_steps or nc < min_steps:
+        which = []
+        if nb < min_steps:
+            which.append(f"the baseline has {nb}")
+        if nc < min_steps:
+            which.append(f"the current run has {nc}")
+        return GateResult(
+            Verdict.INCONCLUSIVE,
+            None,
+            None,
+            None,
+            threshold,
+            nb,
+            nc,
+            0,
+            f"too few steady steps to decide: {' and '.join(which)}; at least {min_steps} "
+            "are needed in each (run longer, or lower --warmup)",
+        )
+    if statistics.median(baseline) <= 0:
+        return GateResult(
+            Verdict.INCONCLUSIVE,
+            None,
+            None,
+            None,
+            threshold,
+            nb,
+            nc,
+            0,
+            "the baseline's median step time is zero",
+        )
+    ratio, lo, hi, block = ratio_interval(baseline, current)
+    limit = 1.0 + threshold
+    pct = f"{(ratio - 1) * 100:+.1f}%"
+    ci = f"95% CI [{(lo - 1) * 100:+.1f}%, {(hi - 1) * 100:+.1f}%]"
+    if lo > limit:
+        verdict, reason = (
+            Verdict.FAIL,
+            (f"median step time {pct} ({ci}): slower than the {threshold * 100:g}% allowed"),
+        )
+    elif hi < limit:
+        verdict, reason = (
+            Verdict.PASS,
+            (f"median step time {pct} ({ci}): within the {threshold * 100:g}% allowed"),
+        )
+    else:
+        verdict, reason = (
+            Verdict.INCONCLUSIVE,
+            (
+                f"median step time {pct} ({ci}): the interval straddles the "
+                f"{threshold * 100:g}% limit; too noisy to decide (run more steps)"
+            ),
+        )
+    return GateResult(verdict, ratio, lo, hi, threshold, nb, nc, block, reason)
+
+
+def parse_threshold(text: str) -> float:
+    """'5%' or '0.05' -> 0.05."""
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            value = float(raw[:-1]) / 100.0
+        else:
+            value = float(raw)
+            if value >= 1.0:
+                value /= 100.0  # "5" means 5%
+    except ValueError:
+        raise ValueError(f"--max-regression takes a percentage like 5% (not {text!r})") from None
+    if not 0 <= value < 10:
+        raise ValueError(f"--max-regression must be a percentage >= 0 (not {text!r})")
+    return value
