@@ -104,6 +104,19 @@ def _run_options(f: Any) -> Any:
             "--nsys-args", default=None, metavar="ARGS", help="Extra arguments for `nsys profile`."
         ),
         click.option(
+            "--nsys-ranks",
+            default=None,
+            metavar="R,R",
+            help="With --nsys: profile only these ranks (e.g. 0,3).",
+        ),
+        click.option(
+            "--module-depth",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Module Summary depth (default: the depth that shows the model's main blocks).",
+        ),
+        click.option(
             "--step-on",
             type=click.Choice(STEP_ON),
             default=None,
@@ -347,6 +360,8 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "row_limit": opts.get("row_limit"),
         "time_unit": opts.get("time_unit"),
         "save_baseline": opts.get("save_baseline"),
+        "nsys_ranks": opts.get("nsys_ranks"),
+        "module_depth": opts.get("module_depth"),
         "baseline": opts.get("baseline"),
         "max_regression": _parse_threshold(opts.get("max_regression")),
     }
@@ -404,10 +419,12 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     before: list[str] = []
     i = 0
     target: list[str] = []
+    dashes = False  # a `--` ends perfrun's options for good, after the script too
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             i += 1
+            dashes = True
             break
         name, eq, _ = arg.partition("=")
         if arg.startswith("-") and name in table:
@@ -431,7 +448,7 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
         target = [argv[i]]
         i += 1
     after: list[str] = []
-    while i < len(argv):
+    while i < len(argv) and not dashes:
         arg = argv[i]
         if arg == "--":
             i += 1

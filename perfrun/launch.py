@@ -128,8 +128,14 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
             "--sample=none",
             f"--output={out}",
             "--force-overwrite=true",
-            *shlex.split(settings.nsys_args),
         ]
+        if settings.scheduler is not None:
+            # perfrun calls cudaProfilerStart/Stop at the window's edges.
+            nsys += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+        nsys += shlex.split(settings.nsys_args)
+        if settings.nsys_ranks:
+            selector = [sys.executable, "-E", "-m", "perfrun.nsys_rank", settings.nsys_ranks]
+            nsys = [*selector, "--", *nsys]
     if not settings.distributed:
         return [*nsys, sys.executable, *target]
     run = [sys.executable, "-m", "torch.distributed.run"]

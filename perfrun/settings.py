@@ -87,6 +87,8 @@ class Settings:
     sort_by: str = "cpu-total"
     row_limit: int = 20
     time_unit: str | None = None
+    module_depth: int | None = None
+    nsys_ranks: str | None = None
     save_baseline: str | None = None
     baseline: str | None = None
     max_regression: float | None = None
@@ -163,6 +165,16 @@ class Settings:
             raise SettingsError(f"--row-limit must be at least 1, not {self.row_limit}")
         if self.stop_after_window and self.scheduler is None:
             raise SettingsError("--stop-after-window needs a window: --scheduler START END")
+        if self.module_depth is not None and self.module_depth < 0:
+            raise SettingsError(f"--module-depth cannot be negative ({self.module_depth})")
+        if self.nsys_ranks is not None:
+            if not self.nsys:
+                raise SettingsError("--nsys-ranks goes with --nsys")
+            parts = [p.strip() for p in self.nsys_ranks.split(",") if p.strip()]
+            if not parts or not all(p.isdigit() for p in parts):
+                raise SettingsError(
+                    f"--nsys-ranks takes rank numbers like 0,3 (not {self.nsys_ranks!r})"
+                )
         if self.max_regression is not None and self.baseline is None:
             raise SettingsError("--max-regression needs --baseline FILE (what to compare with)")
         if self.flush_interval <= 0:

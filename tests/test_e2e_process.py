@@ -241,8 +241,15 @@ def test_module_form_matches_python_m(tmp_path: Path) -> None:
 def test_script_killed_by_sigkill(tmp_path: Path) -> None:
     log = tmp_path / "log"
     result = perfrun(
-        "--log-dir", str(log), "--flush-interval", "0.2",
-        str(TRAIN), "--steps", "8", "--kill-at", "4",
+        "--log-dir",
+        str(log),
+        "--flush-interval",
+        "0.2",
+        str(TRAIN),
+        "--steps",
+        "8",
+        "--kill-at",
+        "4",
         cwd=tmp_path,
     )
     # perfrun dies by the script's signal, after printing the report.
@@ -262,9 +269,20 @@ def _signal_perfrun(tmp_path: Path, signum: int) -> tuple[subprocess.CompletedPr
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "perfrun", "--log-dir", str(log),
-            str(TRAIN), "--steps", "400", "--sleep", "0.05",
-            "--ready-at", "3", "--ready-file", str(ready),
+            sys.executable,
+            "-m",
+            "perfrun",
+            "--log-dir",
+            str(log),
+            str(TRAIN),
+            "--steps",
+            "400",
+            "--sleep",
+            "0.05",
+            "--ready-at",
+            "3",
+            "--ready-file",
+            str(ready),
         ],
         cwd=tmp_path,
         env=base_env(),
@@ -317,8 +335,15 @@ def test_sigterm_to_perfrun_is_forwarded_and_reports(tmp_path: Path) -> None:
 def test_two_ranks_under_torchrun(tmp_path: Path) -> None:
     log = tmp_path / "log"
     result = perfrun(
-        "--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port()),
-        str(DDP), "--steps", "5",
+        "--log-dir",
+        str(log),
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(DDP),
+        "--steps",
+        "5",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -338,8 +363,20 @@ def test_one_rank_raising_fails_the_run(tmp_path: Path) -> None:
     # Rank 1 raises; rank 0 is busy elsewhere until torchrun stops it with
     # SIGTERM, so the outcome does not depend on how gloo notices the loss.
     result = perfrun(
-        "--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port()),
-        str(DDP), "--steps", "5", "--raise-rank", "1", "--raise-at", "2", "--others-wait",
+        "--log-dir",
+        str(log),
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(DDP),
+        "--steps",
+        "5",
+        "--raise-rank",
+        "1",
+        "--raise-at",
+        "2",
+        "--others-wait",
         cwd=tmp_path,
     )
     run_dir = run_dir_of(log)
@@ -425,8 +462,15 @@ def test_failing_user_sitecustomize_is_reported_like_python(tmp_path: Path) -> N
 def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) -> None:
     log = tmp_path / "log"
     result = perfrun(
-        "--log-dir", str(log),
-        str(TRAIN), "--steps", "6", "--workers", "2", "--context", context,
+        "--log-dir",
+        str(log),
+        str(TRAIN),
+        "--steps",
+        "6",
+        "--workers",
+        "2",
+        "--context",
+        context,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -476,8 +520,7 @@ def test_unknown_module(tmp_path: Path) -> None:
 )
 def test_bad_settings_are_config_errors(tmp_path: Path, options: list, fragment: str) -> None:
     assert ExitCode.CONFIG == 64
-    line = _error_case(tmp_path, "--log-dir", str(tmp_path / "log"), *options,
-                       code=ExitCode.CONFIG)
+    line = _error_case(tmp_path, "--log-dir", str(tmp_path / "log"), *options, code=ExitCode.CONFIG)
     assert fragment in line
     assert not (tmp_path / "log").exists()
 
@@ -606,8 +649,9 @@ def check_nsys_call(argv: list[str], run_dir: Path) -> str:
 def test_nsys_wraps_the_script(tmp_path: Path) -> None:
     env, calls = fake_nsys(tmp_path)
     log = tmp_path / "log"
-    result = perfrun("--log-dir", str(log), "--nsys", str(TRAIN), "--steps", "5",
-                     cwd=tmp_path, env=env)
+    result = perfrun(
+        "--log-dir", str(log), "--nsys", str(TRAIN), "--steps", "5", cwd=tmp_path, env=env
+    )
     assert result.returncode == 0, result.stderr
     run_dir = run_dir_of(log)
     entries = [json.loads(line) for line in calls.read_text().splitlines()]
@@ -622,9 +666,18 @@ def test_nsys_once_per_rank_under_torchrun(tmp_path: Path) -> None:
     env, calls = fake_nsys(tmp_path)
     log = tmp_path / "log"
     result = perfrun(
-        "--log-dir", str(log), "--nsys", "--nproc-per-node", "2",
-        "--master-port", str(free_port()), str(DDP), "--steps", "3",
-        cwd=tmp_path, env=env,
+        "--log-dir",
+        str(log),
+        "--nsys",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(DDP),
+        "--steps",
+        "3",
+        cwd=tmp_path,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     run_dir = run_dir_of(log)
@@ -684,9 +737,7 @@ def _config_run(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProc
     log = tmp_path / "profiler_log"
     config = tmp_path / "pretrain_gpt.yaml"
     config.write_text(GPT_CONFIG.format(log=log))
-    result = perfrun(
-        "--config", str(config), *options, str(TRAIN), "--steps", "6", cwd=tmp_path
-    )
+    result = perfrun("--config", str(config), *options, str(TRAIN), "--steps", "6", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "perfrun_log").exists()
     return result, run_dir_of(log)

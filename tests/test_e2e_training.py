@@ -55,8 +55,10 @@ def calls(row: list[Any]) -> tuple[int, ...]:
 
 
 def check_rank(rank: RankResult) -> None:
-    """Phases plus a non-negative Others make up each step, exactly; steps
-    follow one another without overlapping; perfrun's hooks never failed."""
+    """Each step is made of its four phases plus a non-negative Others
+    (end - start - excluded == dataloader + forward + backward +
+    optimization + others, others >= 0); steps follow one another without
+    overlapping; perfrun's hooks never failed."""
     assert rank.data["faults"] == []
     previous_end = None
     for i, row in enumerate(rank.rows):
@@ -64,12 +66,7 @@ def check_rank(rank: RankResult) -> None:
         assert row[COL["excluded"]] >= 0.0, (i, row)
         for phase in PHASES:
             assert row[COL[phase]] >= 0.0, (i, phase, row)
-        # end - start - excluded == dataloader + forward + backward +
-        # optimization + others, with others >= 0.
         assert others(row) >= -TOLERANCE, (i, others(row), row)
-        assert step_time(row) == pytest.approx(
-            sum(row[COL[p]] for p in PHASES) + others(row), abs=TOLERANCE
-        )
         if previous_end is not None:
             assert row[COL["start"]] >= previous_end - TOLERANCE, (i, row)
         previous_end = row[COL["end"]]
@@ -82,13 +79,22 @@ def check_spread(stats: dict[str, Any], name: str) -> None:
         assert stats["min"] <= stats["median"] <= stats["max"], (name, stats)
 
 
-def check_report(report: dict[str, Any]) -> None:
-    """The JSON report's numbers cannot contradict each other."""
+def counted_rows(rank: RankResult, title: dict[str, Any]) -> list[list[Any]]:
+    """The steps the report summarises: after warm-up, outside an excluded
+    detailed window."""
+    start, end = title["window"] if title["window"] and title["window_excluded"] else (0, 0)
+    return [row for i, row in enumerate(rank.rows) if i >= title["warmup"] and not start <= i < end]
+
+
+def check_report(report: dict[str, Any], rank: RankResult) -> None:
+    """The JSON report agrees with itself and with the rank file: phases plus
+    Others add up to ProfileStep, and every spread is ordered."""
     assert report["format"] == "perfrun-report"
     assert report["problem"] is None
     assert report["problems"] == []
+    rows = counted_rows(rank, report["title"])
     perf = report["perf"]
-    assert perf["steps"] == report["title"]["steps_counted"] > 0
+    assert perf["steps"] == report["title"]["steps_counted"] == len(rows) > 0
     for key in ("reader_cost", "batch_cost", "ips"):
         check_spread(perf[key], key)
     if perf["samples_ips"] is not None:
@@ -99,18 +105,24 @@ def check_report(report: dict[str, Any]) -> None:
     parts = ("Dataloader", "Forward", "Backward", "Optimization", "Others")
     assert sum(totals[p] for p in parts) == pytest.approx(totals["ProfileStep"], abs=TOLERANCE)
     assert totals["ProfileStep"] == pytest.approx(perf["batch_cost"]["total"], abs=TOLERANCE)
+    assert totals["ProfileStep"] == pytest.approx(sum(map(step_time, rows)), abs=TOLERANCE)
+    assert totals["Others"] == pytest.approx(sum(map(others, rows)), abs=TOLERANCE)
+    for phase in PHASES:
+        expected = sum(row[COL[phase]] for row in rows)
+        assert totals[phase.capitalize()] == pytest.approx(expected, abs=TOLERANCE), phase
 
 
 def check_run(run: PerfrunRun, steps: int) -> RankResult:
     """A run that exited 0, wrote exactly `steps` steps and passes every
-    invariant. Returns its rank file."""
+    invariant, in its rank file and in its JSON report. Returns the rank
+    file."""
     assert run.returncode == 0, run.describe()
     rank = run.rank0()
     assert len(rank.rows) == steps, run.describe()
     check_rank(rank)
     report = run.report()
-    check_report(report)
     assert report["title"]["steps_recorded"] == steps
+    check_report(report, rank)
     return rank
 
 
@@ -186,8 +198,9 @@ def test_gradient_accumulation_without_dataloader(run_perfrun: RunPerfrun) -> No
 
 def test_lbfgs_closure_steps(run_perfrun: RunPerfrun) -> None:
     """optimizer.step(closure) is one step however many times the closure
-    runs; the forward and backward inside it are counted as such, and
-    subtracted from Optimization."""
+    runs; the forward and backward inside it are counted as such and taken
+    out of Optimization (counted twice, they would overrun the step and fail
+    check_run)."""
     run = run_perfrun(LBFGS, "--steps", "6")
     rank = check_run(run, 6)
     closure_calls = [int(n) for n in re.findall(r"closure calls (\d+)", run.out)]
@@ -346,8 +359,10 @@ def test_dataloader_workers_write_one_rank_file(run_perfrun: RunPerfrun) -> None
     assert sorted(p.name for p in run.run_dir.iterdir()) == ["rank0.json", "run.json"]
     assert sorted(p.name for p in run.log_dir.iterdir()) == sorted(["latest", run.run_dir.name])
     # Workers are not ranks: perfrun says nothing from inside them.
-    said = [line for line in run.err.splitlines() if "perfrun" in line]
-    assert [line.split(" ")[1] for line in said] == ["report", "results"], run.describe()
+    said = [line.split(" ")[:3] for line in run.err.splitlines() if line.startswith("perfrun")]
+    assert said == [["perfrun:", "report", "written"], ["perfrun:", "results", "saved"]], (
+        run.describe()
+    )
 
 
 # -- what is printed -------------------------------------------------------------------------

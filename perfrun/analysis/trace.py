@@ -244,6 +244,9 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
     calls: dict[str, int] = dict.fromkeys(by_type, 0)
     ops: dict[str, list[float]] = {}
     op_gpu: dict[str, float] = {}
+    # GPU time of each op call (its External id): the Operator table's GPU
+    # Avg / Max / Min, which --sort-by gpu-avg/max/min sort on.
+    call_gpu: dict[Any, float] = {}
     op_flops: dict[str, float] = {}
     op_kernels: dict[str, dict[str, list[float]]] = {}
     kernels: dict[str, list[float]] = {}
@@ -308,6 +311,7 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             op = ext_to_op.get(ext)
             if op is not None:
                 op_gpu[op] = op_gpu.get(op, 0.0) + e["dur"] / 1e6
+                call_gpu[ext] = call_gpu.get(ext, 0.0) + e["dur"] / 1e6
                 op_kernels.setdefault(op, {}).setdefault(short, []).append(e["dur"] / 1e6)
         elif cat == "gpu_memcpy":
             by_type["Memcpy"].append(iv)
@@ -361,6 +365,24 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
     if not by_type["Kernel"] and not by_type["Communication"] and not by_type["Memcpy"]:
         # No GPU: reading a CPU tensor's value stalls nothing.
         sync_calls = 0
+    per_call: dict[str, list[float]] = {}
+    for ext, t in call_gpu.items():
+        per_call.setdefault(ext_to_op[ext], []).append(t)
+
+    def gpu_stats(name: str) -> dict[str, Any]:
+        launched = per_call.get(name)
+        if not launched:
+            return {"gpu_total": None, "gpu_avg": None, "gpu_max": None, "gpu_min": None}
+        n = len(ops[name])
+        # Calls that launched no kernel took no GPU time.
+        idle = [0.0] if n > len(launched) else []
+        return {
+            "gpu_total": op_gpu[name],
+            "gpu_avg": op_gpu[name] / n,
+            "gpu_max": max(launched),
+            "gpu_min": min(launched + idle),
+        }
+
     window_s = window / 1e6
     kernel_total = sum(sum(v) for v in kernels.values())
     return {
@@ -372,7 +394,7 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
                 "name": n,
                 **_stats(d),
                 "ratio": _ratio(sum(d), window_s),
-                "gpu_total": op_gpu.get(n),
+                **gpu_stats(n),
                 "flops": op_flops.get(n),
                 "kernels": [{"name": k, **_stats(v)} for k, v in op_kernels.get(n, {}).items()],
             }
@@ -398,6 +420,10 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
     }
 
 
+def _device(args: dict[str, Any]) -> str:
+    return f"{'cuda' if args.get('Device Type') == 1 else 'cpu'}:{args.get('Device Id', -1)}"
+
+
 def memory_summary(
     events: Sequence[dict[str, Any]], spans: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -409,13 +435,14 @@ def memory_summary(
     devices: dict[str, dict[str, int]] = {}
     for e in mem:
         a = e.get("args") or {}
-        dev = f"{'cuda' if a.get('Device Type') == 1 else 'cpu'}:{a.get('Device Id', -1)}"
-        d = devices.setdefault(dev, {"peak_allocated": 0, "peak_reserved": 0})
+        d = devices.setdefault(_device(a), {"peak_allocated": 0, "peak_reserved": 0})
         d["peak_allocated"] = max(d["peak_allocated"], int(a.get("Total Allocated", 0) or 0))
         d["peak_reserved"] = max(d["peak_reserved"], int(a.get("Total Reserved", 0) or 0))
     # Innermost op / phase around each allocation: one sweep over time with
-    # a stack of open ranges (ranges on one thread nest properly).
-    points: list[tuple[float, int, int, str, int, int]] = []
+    # a stack of open ops per thread (ranges on one thread nest properly; an
+    # op open on another thread did not allocate) and one of open phases
+    # (the phase is the process's: backward's device threads are in it).
+    points: list[tuple[float, int, float, int, Any, str, int, int, str]] = []
     for e in spans:
         cat = e.get("cat")
         name = e.get("name", "")
@@ -430,20 +457,33 @@ def memory_summary(
             name = name[len(PHASE_PREFIX) :]
         else:
             continue
-        points.append((e["ts"], 0, kind, name, 0, 0))
-        points.append((e["ts"] + e["dur"], 2, kind, name, 0, 0))
+        thread = (e.get("pid"), e.get("tid"))
+        end = e["ts"] + e["dur"]
+        # Opening at one time: outer ranges first.
+        points.append((e["ts"], 0, -end, kind, thread, name, 0, 0, ""))
+        points.append((end, 2, 0.0, kind, thread, name, 0, 0, ""))
     for e in mem:
         a = e.get("args") or {}
         points.append(
-            (e["ts"], 1, 2, "", int(a.get("Bytes", 0) or 0), int(a.get("Total Allocated", 0) or 0))
+            (
+                e["ts"],
+                1,
+                0.0,
+                2,
+                (e.get("pid"), e.get("tid")),
+                "",
+                int(a.get("Bytes", 0) or 0),
+                int(a.get("Total Allocated", 0) or 0),
+                _device(a),
+            )
         )
-    points.sort(key=lambda p: (p[0], p[1]))
-    op_stack: list[str] = []
+    points.sort(key=lambda p: (p[0], p[1], p[2]))
+    op_stacks: dict[Any, list[str]] = {}
     phase_stack: list[str] = []
     by_op: dict[str, int] = {}
     by_phase: dict[str, int] = {}
-    for _ts, order, kind, name, size, allocated in points:
-        stack = op_stack if kind == 0 else phase_stack
+    for _ts, order, _end, kind, thread, name, size, allocated, dev in points:
+        stack = op_stacks.setdefault(thread, []) if kind != 1 else phase_stack
         if order == 0:
             stack.append(name)
         elif order == 2:
@@ -452,10 +492,11 @@ def memory_summary(
                 del stack[len(stack) - 1 - stack[::-1].index(name)]
         else:
             if phase_stack:
-                phase = phase_stack[-1]
+                # One device's total is not comparable with another's.
+                phase = phase_stack[-1] if len(devices) == 1 else f"{phase_stack[-1]} ({dev})"
                 by_phase[phase] = max(by_phase.get(phase, 0), allocated)
-            if size > 0 and op_stack:
-                by_op[op_stack[-1]] = by_op.get(op_stack[-1], 0) + size
+            if size > 0 and stack:
+                by_op[stack[-1]] = by_op.get(stack[-1], 0) + size
     return {
         "recorded": True,
         "devices": devices,

@@ -42,6 +42,79 @@ def _name(text: str, width: int = 56) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+_MODULE_SORT = {
+    "cpu-total": "total",
+    "cpu-avg": "total",
+    "cpu-max": "total",
+    "cpu-min": "total",
+    "gpu-total": "gpu_total",
+    "gpu-avg": "gpu_total",
+    "gpu-max": "gpu_total",
+    "gpu-min": "gpu_total",
+    "calls": "calls",
+}
+
+
+def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: float) -> Block:
+    """The module tree (or, with --sort-by other than the default, a flat
+    list in that order), then the repeated blocks grouped."""
+    rows_in = list(modules.get("modules", []))
+    sort_by = str(view.get("sort_by") or "cpu-total")
+    limit = int(view.get("row_limit") or 20)
+    has_gpu = any(
+        r.get("gpu_forward") is not None or r.get("gpu_backward") is not None for r in rows_in
+    )
+    if sort_by == "name":
+        ordered = sorted(rows_in, key=lambda r: r["name"])
+    elif sort_by == "cpu-total" and not view.get("flat"):
+        ordered = rows_in  # tree order, as named_modules() lists them
+    else:
+        key = _MODULE_SORT.get(sort_by, "total")
+        for r in rows_in:
+            r["gpu_total"] = (r.get("gpu_forward") or 0.0) + (r.get("gpu_backward") or 0.0)
+        ordered = sorted(rows_in, key=lambda r: -(r.get(key) or 0.0))
+    tree = ordered is rows_in
+    rows = []
+    for r in ordered[: max(limit, 1) * 4 if tree else limit]:
+        indent = "  " * r.get("depth", 0) if tree else ""
+        leaf = r["name"].rsplit(".", 1)[-1] if tree and r.get("depth") else r["name"]
+        row = [
+            indent + leaf,
+            str(r["calls"]),
+            fmt_num(r["forward"], 3, f),
+            fmt_num(r["backward"], 3, f),
+        ]
+        if has_gpu:
+            row += [fmt_num(r.get("gpu_forward"), 3, f), fmt_num(r.get("gpu_backward"), 3, f)]
+        row.append(_pct(r.get("share")))
+        rows.append(row)
+    columns = [
+        Column("Module", "left"),
+        Column("Calls"),
+        Column(f"Forward ({unit})"),
+        Column(f"Backward ({unit})"),
+    ]
+    if has_gpu:
+        columns += [Column("GPU fwd"), Column("GPU bwd")]
+    columns.append(Column("Share of step (%)"))
+    footer = []
+    for g in modules.get("groups", [])[:limit]:
+        vs = g.get("slowest_vs_median")
+        flag = "  <- stands out" if vs is not None and vs > 0.2 else ""
+        footer.append(
+            f"{g['pattern']}: {g['members']} blocks, {fmt_num(g['total'], 3, f)} {unit} in all, "
+            f"median {fmt_num(g['median'], 3, f)} {unit}; slowest {g['slowest']} "
+            f"{fmt_num(g['slowest_total'], 3, f)} {unit}"
+            + (f" ({vs * 100:+.0f}% vs median){flag}" if vs is not None else "")
+        )
+    info = [
+        f"time unit: {unit}",
+        "backward from each forward op's autograd sequence number; "
+        "a module's time includes its submodules'",
+    ]
+    return TableBlock("module", "Module Summary", info, columns, rows, footer=footer)
+
+
 def _share(x: dict[str, Any], key: str, f: float) -> str:
     return f"{fmt_num(x.get(key), 3, f)} ({_pct(x.get(key + '_ratio'))}%)"
 
@@ -97,6 +170,10 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
         block.key = "window-model"
         block.title = "Model Summary (window)"
         out.append(block)
+
+    modules = s.get("modules") or {}
+    if modules.get("recorded"):
+        out.append(_module_block(modules, view, unit, f))
 
     ops = s.get("operators", [])
     if ops and show("op"):
@@ -225,7 +302,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                 *_times(r, f),
                 f"{r['calls'] / steps:.2f}" if steps else DASH,
             ]
-            for r in mm.get("copies", [])
+            for r in sort_rows(mm.get("copies", []), sort_by)[:limit]
         ]
         rows.append(
             [

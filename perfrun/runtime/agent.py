@@ -28,6 +28,7 @@ from . import hooks
 from .clock import PhaseClock
 from .device import DeviceSampler
 from .hooks import OFF, HookState
+from .modules import ModuleRanges, RootTracker
 from .steps import StepTracker
 
 _GPU_COL = COL["gpu_dataloader"]
@@ -97,6 +98,8 @@ class Agent:
         self.gpu_timer: Any = None
         self.nvtx: Any = None
         self.window: Any = None
+        self.roots = RootTracker()
+        self.module_ranges: Any = None
         self._cuda_possible = False
         self._begin_listeners: list[Callable[[int, float], None]] = []
         self._end_listeners: list[Callable[[int, float, bool], None]] = []
@@ -156,6 +159,10 @@ class Agent:
                 self._end_listeners.append(self.nvtx.step_end)
             except Exception as exc:
                 self.notes.append(f"NVTX ranges off: the nvtx package is unavailable ({exc})")
+        if self.window is not None or self.settings.nsys:
+            domain = self.nvtx.domain if self.nvtx is not None else None
+            self.module_ranges = ModuleRanges(torch, self.settings.module_depth, domain,
+                                              record=self.window is not None)
         self._update_listener()
 
     def _setup_window(self, torch: Any) -> None:
@@ -219,6 +226,14 @@ class Agent:
                 self.record_fault("cuda", exc)
         for listener in self._begin_listeners:
             listener(index, t)
+        ranges = self.module_ranges
+        if ranges is not None and self.window is None and index == 1 and not ranges.attached:
+            # --nsys without a window: module ranges for the whole run, from
+            # the first step on which the model's roots are known.
+            try:
+                ranges.attach(self.roots.alive())
+            except Exception as exc:
+                self.record_fault("modules", exc)
 
     def _step_end(self, index: int, t: float, committed: bool) -> None:
         if committed and not self.count_samples:

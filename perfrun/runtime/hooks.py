@@ -71,14 +71,20 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         setattr(owner, name, _mark(make(original), original))
         undo.append((owner, name, original))
 
+    roots_seen = agent.roots.ids
+    see_root = agent.roots.see
+
     # -- forward: the outermost nn.Module call ----------------------------------
     def make_call(orig_call: Callable) -> Callable:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             if state.block or get_ident() != state.main_thread:
                 return orig_call(self, *args, **kwargs)
             state.block += 1
+            key = id(self)
             try:
-                clock.enter(FWD, is_grad_enabled(), id(self))
+                if key not in roots_seen:
+                    see_root(self)
+                clock.enter(FWD, is_grad_enabled(), key)
             except Exception as exc:
                 fault("forward", exc)
             try:

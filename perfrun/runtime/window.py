@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any, Optional
 
+from ..analysis.modules import summarize_modules
 from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, summarize
 from ..results import atomic_write_text
 from .gpu import PHASE_NAMES
@@ -50,6 +51,7 @@ class ProfilerWindow:
         self._enter = torch.ops.profiler._record_function_enter_new
         self._exit = torch.ops.profiler._record_function_exit
         self.result: Optional[dict[str, Any]] = None
+        self._cuda_capture = False
 
     # -- step callbacks ----------------------------------------------------------
 
@@ -113,9 +115,25 @@ class ProfilerWindow:
         )
         self.prof.start()
         self.state = "running"
+        ranges = self.agent.module_ranges
+        if ranges is not None:
+            try:
+                ranges.attach(self.agent.roots.alive())
+            except Exception as exc:
+                self.agent.record_fault("modules", exc)
+        if settings.nsys and torch.cuda.is_available() and torch.cuda.is_initialized():
+            # For `nsys --capture-range=cudaProfilerApi`: capture the window only.
+            torch.cuda.profiler.start()
+            self._cuda_capture = True
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
+        ranges = self.agent.module_ranges
+        if ranges is not None:
+            ranges.detach()
+        if self._cuda_capture:
+            self._cuda_capture = False
+            self.torch.cuda.profiler.stop()
         while self._handles:
             self._exit(self._handles.pop())
         if self._step_handle is not None:
@@ -174,6 +192,7 @@ class ProfilerWindow:
         if self.last_committed < self.end - 1:
             steps = max(0, self.last_committed + 1 - (self.recorded_from or self.start))
         summary = summarize(events, steps)
+        summary["modules"] = summarize_modules(events, summary["window_time"])
         events.extend(_perfrun_track(events))
         text = json.dumps(trace)
         name = f"{stem}.pt.trace.json"
@@ -217,9 +236,15 @@ def _drop_cancelled(events: list[dict[str, Any]], cancelled: dict[int, int]) -> 
             e.get("cat") == "user_annotation"
             and str(e.get("name", "")).startswith(PHASE_PREFIX)
             and not str(e.get("name", "")).endswith("DataLoader end of data")
-            and any(a <= e.get("ts", -1.0) and e["ts"] + e.get("dur", 0.0) <= b for a, b in spans)
+            and any(_within(e, a, b) for a, b in spans)
         )
     ]
+
+
+def _within(e: dict[str, Any], a: float, b: float) -> bool:
+    # A nanosecond of slack: trace times are microsecond floats.
+    ts = e.get("ts")
+    return ts is not None and a - 1e-3 <= ts and ts + e.get("dur", 0.0) <= b + 1e-3
 
 
 def _perfrun_track(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

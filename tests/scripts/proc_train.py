@@ -34,9 +34,7 @@ def main() -> None:
     x = torch.randn(args.steps * 4, 8)
     y = torch.randn(args.steps * 4, 1)
     extra = {"multiprocessing_context": args.context} if args.context else {}
-    loader = DataLoader(
-        TensorDataset(x, y), batch_size=4, num_workers=args.workers, **extra
-    )
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, num_workers=args.workers, **extra)
     model = nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step, (xb, yb) in enumerate(loader):

@@ -1,0 +1,160 @@
+"""The Module Summary: forward and backward time per submodule, from the
+window's trace.
+
+Forward time of a module is the total of its `perfrun.module: NAME` ranges.
+Backward time needs no backward hooks: every forward op carries an autograd
+sequence number, and the backward op that autograd runs for it
+(`autograd::engine::evaluate_function: XBackward0`) carries the same one. A
+module's backward time is the total of the backward ops whose sequence
+numbers belong to forward ops run inside the module's ranges (its submodules
+included). GPU time, where there is a GPU, is the kernels launched by those
+ops (linked by External id).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+MODULE_PREFIX = "perfrun.module: "
+_BACKWARD = "autograd::engine::evaluate_function:"
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def pattern(name: str) -> str:
+    """`transformer.h.3.attn` -> `transformer.h.*.attn`: repeated blocks
+    grouped by class and position."""
+    return _INDEX.sub("*", name)
+
+
+def summarize_modules(events: Sequence[dict[str, Any]], step_time: float) -> dict[str, Any]:
+    """Per module: calls, forward / backward CPU (and GPU) seconds, share of
+    the window's step time; plus the repeated blocks grouped."""
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    ranges: list[tuple[float, float, str, Any]] = []
+    order: dict[str, int] = {}
+    for e in spans:
+        name = e.get("name", "")
+        if e.get("cat") == "user_annotation" and name.startswith(MODULE_PREFIX):
+            qual = name[len(MODULE_PREFIX) :]
+            ranges.append((e["ts"], e["ts"] + e["dur"], qual, e.get("tid")))
+            order.setdefault(qual, len(order))
+    if not ranges:
+        return {"recorded": False, "modules": [], "groups": []}
+    stats: dict[str, dict[str, Any]] = {
+        q: {
+            "name": q,
+            "depth": q.count(".") if q else 0,
+            "calls": 0,
+            "forward": 0.0,
+            "backward": 0.0,
+            "gpu_forward": None,
+            "gpu_backward": None,
+        }
+        for q in order
+    }
+    for s, t, q, _tid in ranges:
+        stats[q]["calls"] += 1
+        stats[q]["forward"] += (t - s) / 1e6
+
+    # Forward ops -> the modules whose ranges contain them (same thread).
+    ops = sorted(
+        (
+            e
+            for e in spans
+            if e.get("cat") == "cpu_op" and not e.get("name", "").startswith(_BACKWARD)
+        ),
+        key=lambda e: e["ts"],
+    )
+    by_tid: dict[Any, list[tuple[float, float, str]]] = {}
+    for s, t, q, tid in sorted(ranges):
+        by_tid.setdefault(tid, []).append((s, t, q))
+    seq_owner: dict[Any, list[str]] = {}
+    ext_owner: dict[Any, list[str]] = {}
+    for tid, rs in by_tid.items():
+        stack: list[tuple[float, float, str]] = []
+        i = 0
+        for op in (o for o in ops if o.get("tid") == tid):
+            ts = op["ts"]
+            while i < len(rs) and rs[i][0] <= ts:
+                stack.append(rs[i])
+                i += 1
+            stack = [r for r in stack if r[1] >= ts]
+            if not stack:
+                continue
+            owners = [r[2] for r in stack]
+            args = op.get("args") or {}
+            seq = args.get("Sequence number")
+            if seq is not None and seq not in seq_owner:
+                seq_owner[seq] = owners
+            ext = args.get("External id")
+            if ext is not None:
+                ext_owner[ext] = owners
+    kernels_by_ext: dict[Any, float] = {}
+    for e in spans:
+        if e.get("cat") == "kernel":
+            ext = (e.get("args") or {}).get("External id")
+            if ext is not None:
+                kernels_by_ext[ext] = kernels_by_ext.get(ext, 0.0) + e["dur"] / 1e6
+    backward_ext: dict[Any, list[str]] = {}
+    for e in spans:
+        if e.get("cat") == "cpu_op" and e.get("name", "").startswith(_BACKWARD):
+            args = e.get("args") or {}
+            owners = seq_owner.get(args.get("Sequence number"))
+            if not owners:
+                continue
+            for q in set(owners):
+                stats[q]["backward"] += e["dur"] / 1e6
+            ext = args.get("External id")
+            if ext is not None:
+                backward_ext[ext] = owners
+    if kernels_by_ext:
+        for owner_map, key in ((ext_owner, "gpu_forward"), (backward_ext, "gpu_backward")):
+            for ext, owners in owner_map.items():
+                gpu = kernels_by_ext.get(ext)
+                if gpu:
+                    for q in set(owners):
+                        stats[q][key] = (stats[q][key] or 0.0) + gpu
+    rows = sorted(stats.values(), key=lambda r: order[r["name"]])
+    for r in rows:
+        total = r["forward"] + r["backward"]
+        r["total"] = total
+        r["share"] = total / step_time if step_time > 0 else None
+    return {"recorded": True, "modules": rows, "groups": group_blocks(rows)}
+
+
+def group_blocks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repeated blocks (`h.0` … `h.11`) aggregated by class and position, so
+    one slow block stands out against its siblings."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        p = pattern(r["name"])
+        if p != r["name"]:
+            groups.setdefault(p, []).append(r)
+    out = []
+    for p, members in groups.items():
+        if len(members) < 2:
+            continue
+        totals = [m["total"] for m in members]
+        median = statistics.median(totals)
+        slowest = max(members, key=lambda m: m["total"])
+        out.append(
+            {
+                "pattern": p,
+                "members": len(members),
+                "total": sum(totals),
+                "median": median,
+                "slowest": slowest["name"],
+                "slowest_total": slowest["total"],
+                "slowest_vs_median": (slowest["total"] / median - 1.0) if median > 0 else None,
+            }
+        )
+    return sorted(out, key=lambda g: -g["total"])
+
+
+def outstanding(groups: Sequence[dict[str, Any]], ratio: float = 0.2) -> list[dict[str, Any]]:
+    """Groups whose slowest member exceeds the median of its siblings by more
+    than `ratio`."""
+    return [g for g in groups if (g.get("slowest_vs_median") or 0.0) > ratio]

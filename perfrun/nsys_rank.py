@@ -1,0 +1,40 @@
+"""Run a rank under nsys only when it is one of the chosen ranks.
+
+`python -E -m perfrun.nsys_rank 0,3 -- nsys profile ... PYTHON SCRIPT ...`:
+each torchrun worker starts this; ranks in the list exec the whole nsys
+command, the others exec just the Python part, so a long job does not write
+one huge report per rank. (-E keeps perfrun's bootstrap out of this short
+process: it is not a rank, it only becomes one.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def split(argv: list[str]) -> tuple[set[str], list[str]]:
+    if len(argv) < 3 or argv[1] != "--":
+        raise SystemExit("usage: python -m perfrun.nsys_rank RANKS -- nsys profile ... CMD")
+    ranks = {r.strip() for r in argv[0].split(",") if r.strip()}
+    return ranks, argv[2:]
+
+
+def python_part(command: list[str], python: str) -> list[str]:
+    """The command nsys was asked to run: from the Python executable on."""
+    for i, arg in enumerate(command):
+        if i > 0 and arg == python:
+            return command[i:]
+    raise SystemExit(f"perfrun.nsys_rank: no {python} in {command}")
+
+
+def main(argv: list[str]) -> None:
+    ranks, command = split(argv)
+    rank = os.environ.get("RANK", "0")
+    if rank not in ranks:
+        command = python_part(command, sys.executable)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,151 @@
+"""Module-level ranges: each submodule's forward, by qualified name
+(`transformer.h.3.attn`), down to a chosen depth, as `record_function`
+ranges (nested slices under the phases in the window's trace) and NVTX
+ranges (so an nsys timeline names the block, not its class).
+
+Hooks are registered only while needed (the detailed window, or the whole
+run under --nsys without a window) and removed afterwards: outside that, the
+per-step cost stays the core's. Backward time per module needs no backward
+hooks (which can break in-place operations): analysis/modules.py maps each
+forward op's autograd sequence number to its backward op in the trace.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+MODULE_PREFIX = "perfrun.module: "
+MAX_AUTO_DEPTH = 6
+
+
+def auto_depth(root: Any) -> int:
+    """A depth that shows the model's main blocks: the smallest one with at
+    least 8 modules above it (GPT-2: `transformer.h.N`), or the leaves."""
+    counts: dict[int, int] = {}
+    for name, _ in root.named_modules():
+        if name:
+            d = name.count(".") + 1
+            counts[d] = counts.get(d, 0) + 1
+    total = 0
+    deepest = max(counts) if counts else 1
+    for d in range(1, deepest + 1):
+        total += counts.get(d, 0)
+        if total >= 8:
+            return min(d, MAX_AUTO_DEPTH)
+    return min(deepest, MAX_AUTO_DEPTH)
+
+
+def qualified_names(roots: list[Any], depth: Optional[int]) -> dict[int, tuple[Any, str]]:
+    """id(module) -> (module, qualified name) for every module to hook.
+
+    A single model keeps `named_modules()` names; with several roots (a GAN's
+    generator and discriminator) each name is prefixed by its root's class,
+    numbered when two roots share one. Roots without submodules (loss
+    modules) are left out: their forward is already a phase of its own."""
+    trees = [r for r in roots if any(True for _ in r.children())]
+    out: dict[int, tuple[Any, str]] = {}
+    seen_labels: dict[str, int] = {}
+    for root in trees:
+        label = ""
+        if len(trees) > 1:
+            base = type(root).__name__
+            k = seen_labels.get(base, 0)
+            seen_labels[base] = k + 1
+            label = base if k == 0 else f"{base}#{k}"
+        limit = depth if depth is not None else auto_depth(root)
+        for name, module in root.named_modules():
+            d = name.count(".") + 1 if name else 0
+            if d > limit or id(module) in out:
+                continue
+            if not name:
+                qual = label or type(root).__name__
+            else:
+                qual = f"{label}.{name}" if label else name
+            out[id(module)] = (module, qual)
+    return out
+
+
+class ModuleRanges:
+    def __init__(self, torch: Any, depth: Optional[int], nvtx_domain: Any = None,
+                 record: bool = True) -> None:
+        self.depth = depth
+        self.record = record
+        self._enter = torch.ops.profiler._record_function_enter_new
+        self._exit = torch.ops.profiler._record_function_exit
+        self._domain = nvtx_domain
+        self._handles: list[Any] = []
+        self._names: dict[int, str] = {}
+        self._attrs: dict[int, Any] = {}
+        self._open: list[tuple[Any, bool]] = []
+        self.calls = 0  # hook calls, for the test that no hook runs outside
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def attach(self, roots: list[Any]) -> int:
+        targets = qualified_names(roots, self.depth)
+        for key, (module, name) in targets.items():
+            self._names[key] = name
+            if self._domain is not None:
+                self._attrs[key] = self._domain.get_event_attributes(message=name)
+            self._handles.append(module.register_forward_pre_hook(self._pre))
+            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+        return len(targets)
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        while self._open:
+            self._close()
+
+    def _pre(self, module: Any, args: Any) -> None:
+        self.calls += 1
+        key = id(module)
+        name = self._names.get(key)
+        if name is None:
+            return
+        handle = self._enter(MODULE_PREFIX + name, None) if self.record else None
+        pushed = False
+        if self._domain is not None:
+            self._domain.push_range(self._attrs[key])
+            pushed = True
+        self._open.append((handle, pushed))
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        self.calls += 1
+        if id(module) in self._names and self._open:
+            self._close()
+
+    def _close(self) -> None:
+        handle, pushed = self._open.pop()
+        if handle is not None:
+            self._exit(handle)
+        if pushed:
+            self._domain.pop_range()
+
+
+class RootTracker:
+    """The outermost modules the script calls (weakly held), in order."""
+
+    def __init__(self) -> None:
+        # Read directly by the forward hook: one membership test per call.
+        self.ids: dict[int, Any] = {}
+
+    def see(self, module: Any) -> None:
+        key = id(module)
+        if key not in self.ids:
+            try:
+                self.ids[key] = weakref.ref(module)
+            except TypeError:
+                self.ids[key] = lambda: None
+
+    def alive(self) -> list[Any]:
+        out = []
+        for ref in self.ids.values():
+            module = ref()
+            if module is not None:
+                out.append(module)
+        return out

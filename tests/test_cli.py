@@ -1,0 +1,453 @@
+"""The command line without processes: how argv is split between perfrun and
+the script, how the YAML config and `-o` overrides become settings, and the
+checks settings get before anything runs. All in-process; `main()` is only
+called for errors that are found before a script would start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfrun import cli
+from perfrun.cli import UsageError, split_run_argv
+from perfrun.exitcodes import ExitCode
+from perfrun.settings import (
+    PROFILER_KEYS,
+    SUMMARY_KEYS,
+    Settings,
+    SettingsError,
+    load_config,
+    parse_override,
+)
+
+# -- split_run_argv -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], ([], [], [])),
+        (["train.py"], ([], [], ["train.py"])),
+        (
+            ["--scheduler", "100", "110", "train.py", "--lr", "0.1"],
+            (["--scheduler", "100", "110"], [], ["train.py", "--lr", "0.1"]),
+        ),
+        (
+            ["train.py", "--scheduler", "100", "110"],
+            ([], ["--scheduler", "100", "110"], ["train.py"]),
+        ),
+        # perfrun's long options right after the script, then the script's own.
+        (
+            ["train.py", "--timer-only", "--warmup", "2", "--lr", "0.1", "--timer-only"],
+            ([], ["--timer-only", "--warmup", "2"], ["train.py", "--lr", "0.1", "--timer-only"]),
+        ),
+        # `--` hands everything after it to the script, even perfrun's names.
+        (
+            ["train.py", "--", "--scheduler", "1", "2"],
+            ([], [], ["train.py", "--scheduler", "1", "2"]),
+        ),
+        (
+            ["--timer-only", "--", "train.py", "--timer-only"],
+            (["--timer-only"], [], ["train.py", "--timer-only"]),
+        ),
+        # After the script, short options are the script's (-c, -o are common).
+        (["train.py", "-o", "x=1", "-c", "cfg"], ([], [], ["train.py", "-o", "x=1", "-c", "cfg"])),
+        # --override and --module change how the script is found: never after it.
+        (
+            ["train.py", "--override", "Profiler.warmup=1"],
+            ([], [], ["train.py", "--override", "Profiler.warmup=1"]),
+        ),
+        (["train.py", "--module", "m"], ([], [], ["train.py", "--module", "m"])),
+        (
+            ["-o", "Profiler.scheduler=[1,3]", "train.py"],
+            (["-o", "Profiler.scheduler=[1,3]"], [], ["train.py"]),
+        ),
+        (["--log-dir=/tmp/x", "train.py"], (["--log-dir=/tmp/x"], [], ["train.py"])),
+        (["train.py", "--warmup=3", "a"], ([], ["--warmup=3"], ["train.py", "a"])),
+        (["-h"], (["-h"], [], [])),
+        # -m: the module name ends perfrun's options; what follows is its argv.
+        (["-m", "pkg.train", "--lr", "1"], (["--module=pkg.train"], [], ["--lr", "1"])),
+        (
+            ["--timer-only", "-m", "pkg.train", "-c", "x"],
+            (["--timer-only", "--module=pkg.train"], [], ["-c", "x"]),
+        ),
+        (["--module=pkg.train", "a"], (["--module=pkg.train"], [], ["a"])),
+        (
+            ["-m", "pkg.train", "--scheduler", "1", "2", "a"],
+            (["--module=pkg.train"], ["--scheduler", "1", "2"], ["a"]),
+        ),
+        # A script whose name looks like a value is still the script.
+        (["-"], ([], [], ["-"])),
+        (["100", "110"], ([], [], ["100", "110"])),
+    ],
+)
+def test_split_run_argv(argv: list[str], expected: tuple) -> None:
+    assert split_run_argv(argv) == expected
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--no-such-option", "train.py"], "no such option: --no-such-option"),
+        (["-x", "train.py"], "no such option: -x"),
+        (["-m"], "-m needs a module name"),
+        (["--timer-only", "--module"], "-m needs a module name"),
+    ],
+)
+def test_split_run_argv_errors(argv: list[str], fragment: str) -> None:
+    with pytest.raises(UsageError, match=fragment):
+        split_run_argv(argv)
+
+
+def test_every_run_option_is_known_to_the_splitter() -> None:
+    # The splitter reads click's own option table, so a new option can never
+    # be taken for the script's by mistake.
+    table = cli._option_table()
+    for name, takes in {
+        "--scheduler": 2,
+        "--timer-only": 0,
+        "--nsys": 0,
+        "--log-dir": 1,
+        "--config": 1,
+        "-o": 1,
+        "--nproc-per-node": 1,
+        "--flush-interval": 1,
+        "-h": 0,
+    }.items():
+        assert table[name] == takes, name
+
+
+# -- main(): errors found before anything runs ------------------------------------------
+
+
+def test_main_hint_for_script_option_read_as_perfrun_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["train.py", "--scheduler", "cosine"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("perfrun: error: ")
+    assert "perfrun train.py -- --scheduler cosine" in err
+
+
+@pytest.mark.parametrize(
+    "argv, code, fragment",
+    [
+        (["--scheduler", "5", "3", "train.py"], ExitCode.CONFIG, "END must be greater"),
+        (["--scheduler", "-2", "3", "train.py"], ExitCode.CONFIG, "cannot be negative"),
+        (["--nproc-per-node", "0", "train.py"], ExitCode.CONFIG, "at least 1"),
+        (["-o", "Profiler.nope=1", "train.py"], ExitCode.CONFIG, "unknown Profiler key"),
+        (["--no-such-option", "train.py"], ExitCode.USAGE, "no such option"),
+        (["--timer-only"], ExitCode.USAGE, "no script given"),
+        (["--step-on", "epoch", "train.py"], ExitCode.USAGE, "--step-on"),
+    ],
+)
+def test_main_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], code: int, fragment: str
+) -> None:
+    assert cli.main(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("perfrun: error: ")
+    assert fragment in err
+
+
+# -- settings from options ---------------------------------------------------------------
+
+
+def _options(**given: object) -> dict[str, object]:
+    return {"script": "train.py", "script_args": (), **given}
+
+
+def test_command_line_beats_override_beats_config(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("Profiler:\n  scheduler: [2, 4]\n  warmup: 1\n  profiler_log: from_file\n")
+    from_file = cli.settings_from_options(_options(config_file=str(config)))
+    assert (from_file.scheduler, from_file.warmup, from_file.log_dir) == ((2, 4), 1, "from_file")
+
+    overridden = cli.settings_from_options(
+        _options(config_file=str(config), overrides=("Profiler.scheduler=[5,9]",))
+    )
+    assert overridden.scheduler == (5, 9)
+    assert overridden.warmup == 1
+
+    direct = cli.settings_from_options(
+        _options(config_file=str(config), overrides=("Profiler.scheduler=[5,9]",), scheduler=(1, 3))
+    )
+    assert direct.scheduler == (1, 3)
+    assert direct.log_dir == "from_file"
+
+
+def test_module_takes_the_first_argument_as_its_own() -> None:
+    settings = cli.settings_from_options(
+        {"module": "pkg.train", "script": "--lr", "script_args": ("0.1",)}
+    )
+    assert settings.module == "pkg.train"
+    assert settings.script is None
+    assert settings.script_args == ("--lr", "0.1")
+
+
+# -- load_config ------------------------------------------------------------------------
+
+
+PADDLE_GPT = """\
+Global:
+  device: gpu
+  seed: 1024
+  global_batch_size:
+  local_batch_size: 8
+  micro_batch_size: 8
+
+Engine:
+  max_steps: 500000
+  num_train_epochs: 1
+  accumulate_steps: 1
+  logging_freq: 1
+  mix_precision:
+    enable: True
+    dtype: "float16"
+    level: "O2"
+    scale_loss: 32768.0
+  save_load:
+    save_steps: 1000
+    output_dir: ./output
+
+Model:
+  module: "GPTModule"
+  name: "GPT"
+  fuse_attn_qkv: True
+  vocab_size: 50304
+  hidden_size: 1024
+  num_layers: 24
+
+Data:
+  Train:
+    dataset:
+      name: GPTDataset
+      input_dir: ./data/
+      split: [949, 50, 1]
+    sampler:
+      name: GPTBatchSampler
+      shuffle: False
+      drop_last: True
+    loader:
+      num_workers: 1
+      return_list: False
+
+Optimizer:
+  name: FusedAdamW
+  weight_decay: 0.01
+  beta1: 0.9
+  lr:
+    name: CosineAnnealingWithWarmupDecay
+    decay_steps: 360000
+    warmup_rate: 0.01
+    max_lr: 5.0e-5
+  grad_clip:
+    name: "ClipGradByGlobalNorm"
+    clip_norm: 1.0
+
+Profiler:
+  enable: True
+  scheduler: [1, 5]
+  profiler_log: profiler_log
+  detailed: True
+"""
+
+
+def test_load_paddle_gpt_config(tmp_path: Path) -> None:
+    config = tmp_path / "pretrain_gpt_345M_single_card.yaml"
+    config.write_text(PADDLE_GPT)
+    assert load_config(str(config)) == {
+        "enable": True,
+        "scheduler": (1, 5),
+        "log_dir": "profiler_log",
+        "detailed": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", {}),
+        ("Global:\n  seed: 1\n", {}),
+        ("Profiler:\n", {}),
+        ("Profiler:\n  enable: false\n", {"enable": False}),
+        ("Profiler:\n  enable: 'yes'\n", {"enable": True}),
+        ("Profiler:\n  scheduler: '[3, 14]'\n", {"scheduler": (3, 14)}),
+        ("Profiler:\n  scheduler: 3 14\n", {"scheduler": (3, 14)}),
+        ("Profiler:\n  scheduler:\n", {"scheduler": None}),
+        ("Profiler:\n  warmup: '4'\n  batch_size: 32\n", {"warmup": 4, "batch_size": 32}),
+        ("Profiler:\n  step_on: forward\n", {"step_on": "forward"}),
+        (
+            "Profiler:\n  summary:\n    kernel: false\n    op: false\n",
+            {"summary": {**dict.fromkeys(SUMMARY_KEYS, True), "kernel": False, "op": False}},
+        ),
+    ],
+)
+def test_load_config_values(tmp_path: Path, text: str, expected: dict) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    assert load_config(str(config)) == expected
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("Global:\n  a: [1, 2\nProfiler:\n  enable: true\n", ["malformed YAML", "line 3"]),
+        ("Profiler:\n  schedular: [1, 2]\n", ["unknown Profiler key(s) schedular", "valid keys"]),
+        ("- a\n- b\n", ["expected a mapping"]),
+        ("Profiler: [1, 2]\n", ["must be a mapping"]),
+        ("Profiler:\n  enable: maybe\n", ["Profiler.enable must be true or false"]),
+        ("Profiler:\n  scheduler: [1, 2, 3]\n", ["Profiler.scheduler must be [START, END]"]),
+        ("Profiler:\n  scheduler: [a, 2]\n", ["Profiler.scheduler must be an integer"]),
+        ("Profiler:\n  warmup: true\n", ["Profiler.warmup must be an integer"]),
+        ("Profiler:\n  profiler_log: ''\n", ["Profiler.profiler_log must be a path"]),
+        ("Profiler:\n  summary:\n    kernels: false\n", ["unknown Profiler.summary key(s)"]),
+        ("Profiler:\n  summary: [kernel]\n", ["Profiler.summary must be a mapping"]),
+    ],
+)
+def test_load_config_errors(tmp_path: Path, text: str, fragments: list[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(SettingsError) as info:
+        load_config(str(config))
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_unknown_key_message_lists_every_valid_key(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("Profiler:\n  sheduler: [1, 2]\n")
+    with pytest.raises(SettingsError) as info:
+        load_config(str(config))
+    assert str(info.value).endswith("valid keys: " + ", ".join(PROFILER_KEYS))
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="config file not found"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+# -- parse_override ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Profiler.scheduler=[1,3]", {"scheduler": (1, 3)}),
+        ("Profiler.scheduler=[100, 110]", {"scheduler": (100, 110)}),
+        ("Profiler.enable=false", {"enable": False}),
+        ("Profiler.profiler_log=/tmp/logs", {"log_dir": "/tmp/logs"}),
+        ("Profiler.warmup=3", {"warmup": 3}),
+        ("Profiler.stop_after=", {"stop_after": None}),
+        (
+            "Profiler.summary.kernel=false",
+            {"summary": {**dict.fromkeys(SUMMARY_KEYS, True), "kernel": False}},
+        ),
+        (" Profiler.timer_only =true", {"timer_only": True}),
+    ],
+)
+def test_parse_override(text: str, expected: dict) -> None:
+    assert parse_override(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("Profiler.scheduler", "must look like Profiler.KEY=VALUE"),
+        ("scheduler=[1,3]", "only Profiler.* keys"),
+        ("Global.seed=1", "only Profiler.* keys"),
+        ("Profiler=1", "only Profiler.* keys"),
+        ("Profiler.scheduler=[1,", "cannot parse the value"),
+        ("Profiler.nope=1", "unknown Profiler key(s) nope"),
+        ("Profiler.profiler_log=", "must be a path"),
+        ("Profiler.scheduler=[1]", "must be [START, END]"),
+    ],
+)
+def test_parse_override_errors(text: str, fragment: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse_override(text)
+    assert fragment in str(info.value)
+
+
+# -- Settings.validate ------------------------------------------------------------------
+
+
+def test_defaults_are_valid() -> None:
+    settings = Settings(script="train.py")
+    assert settings.validate() is settings
+    assert not settings.distributed
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"scheduler": (5, 5)}, "END must be greater than START"),
+        ({"scheduler": (7, 3)}, "END must be greater than START"),
+        ({"scheduler": (-1, 3)}, "steps cannot be negative"),
+        ({"scheduler": (1, -3)}, "steps cannot be negative"),
+        ({"nproc_per_node": 0}, "--nproc-per-node must be at least 1"),
+        ({"warmup": -1}, "--warmup cannot be negative"),
+        ({"stop_after": -5}, "--stop-after cannot be negative"),
+        ({"batch_size": 0}, "--batch-size must be at least 1"),
+        ({"step_on": "epoch"}, "--step-on must be one of"),
+        ({"format": "html"}, "--format must be one of"),
+        ({"summary": {"kernels": True}}, "unknown Profiler.summary key"),
+        ({"flush_interval": 0.0}, "flush interval must be positive"),
+    ],
+)
+def test_validate_rejects(changes: dict, fragment: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings(script="train.py").replace(**changes).validate()
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"scheduler": (0, 1)},
+        {"scheduler": (100, 110)},
+        {"nproc_per_node": 1},
+        {"warmup": 0, "stop_after": 0, "batch_size": 1},
+        {"flush_interval": 0.2},
+    ],
+)
+def test_validate_accepts(changes: dict) -> None:
+    Settings(script="train.py").replace(**changes).validate()
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "nproc_per_node",
+        "nnodes",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "rdzv_backend",
+        "rdzv_endpoint",
+        "rdzv_id",
+    ],
+)
+def test_any_torchrun_option_means_distributed(field: str) -> None:
+    value = (
+        "x" if field in ("nnodes", "master_addr", "rdzv_backend", "rdzv_endpoint", "rdzv_id") else 1
+    )
+    assert Settings().replace(**{field: value}).distributed
+
+
+def test_settings_survive_the_trip_to_the_child() -> None:
+    settings = Settings(
+        script="train.py",
+        script_args=("--lr", "0.1"),
+        scheduler=(3, 14),
+        summary={**dict.fromkeys(SUMMARY_KEYS, True), "op": False},
+        nproc_per_node=2,
+        flush_interval=0.2,
+    )
+    assert Settings.from_json(settings.to_json()) == settings
