@@ -77,9 +77,8 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
     rows = []
     for r in ordered[: max(limit, 1) * 4 if tree else limit]:
         indent = "  " * r.get("depth", 0) if tree else ""
-        leaf = r["name"].rsplit(".", 1)[-1] if tree and r.get("depth") else r["name"]
         row = [
-            indent + leaf,
+            indent + r["name"],
             str(r["calls"]),
             fmt_num(r["forward"], 3, f),
             fmt_num(r["backward"], 3, f),
