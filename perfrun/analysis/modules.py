@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 MODULE_PREFIX = "perfrun.module: "
 _BACKWARD = "autograd::engine::evaluate_function:"
@@ -29,9 +29,12 @@ def pattern(name: str) -> str:
     return _INDEX.sub("*", name)
 
 
-def summarize_modules(events: Sequence[dict[str, Any]], step_time: float) -> dict[str, Any]:
+def summarize_modules(
+    events: Sequence[dict[str, Any]], step_time: float, tree: Optional[dict[str, Any]] = None
+) -> dict[str, Any]:
     """Per module: calls, forward / backward CPU (and GPU) seconds, share of
-    the window's step time; plus the repeated blocks grouped."""
+    the window's step time; plus the repeated blocks grouped. `tree` maps a
+    qualified name to (depth, parent name) as the hooks saw the model."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     ranges: list[tuple[float, float, str, Any]] = []
     order: dict[str, int] = {}
@@ -46,7 +49,8 @@ def summarize_modules(events: Sequence[dict[str, Any]], step_time: float) -> dic
     stats: dict[str, dict[str, Any]] = {
         q: {
             "name": q,
-            "depth": q.count(".") if q else 0,
+            "depth": _depth(q, tree),
+            "parent": _parent(q, tree),
             "calls": 0,
             "forward": 0.0,
             "backward": 0.0,
@@ -55,6 +59,14 @@ def summarize_modules(events: Sequence[dict[str, Any]], step_time: float) -> dic
         }
         for q in order
     }
+    if tree:
+        # Containers that are never called (ModuleDict, ModuleList) have no
+        # row: hang their children on the nearest ancestor that has one.
+        for row in stats.values():
+            parent = row["parent"]
+            while parent and parent not in stats and parent in tree:
+                parent = str(tree[parent][1])
+            row["parent"] = parent if parent in stats else ""
     for s, t, q, _tid in ranges:
         stats[q]["calls"] += 1
         stats[q]["forward"] += (t - s) / 1e6
@@ -123,6 +135,18 @@ def summarize_modules(events: Sequence[dict[str, Any]], step_time: float) -> dic
         r["total"] = total
         r["share"] = total / step_time if step_time > 0 else None
     return {"recorded": True, "modules": rows, "groups": group_blocks(rows)}
+
+
+def _depth(name: str, tree: Optional[dict[str, Any]]) -> int:
+    if tree and name in tree:
+        return int(tree[name][0])
+    return name.count(".")
+
+
+def _parent(name: str, tree: Optional[dict[str, Any]]) -> str:
+    if tree and name in tree:
+        return str(tree[name][1])
+    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 def group_blocks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

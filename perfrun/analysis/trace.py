@@ -105,25 +105,28 @@ def short_kernel_name(name: str, width: int = 72) -> str:
     text = name.strip()
     if text.startswith("void "):
         text = text[5:]
-    # Drop the parameter list: the last top-level "(...)".
-    depth = 0
-    for i, ch in enumerate(text):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth = max(0, depth - 1)
-        elif ch == "(" and depth == 0:
-            text = text[:i]
-            break
+    # Drop the parameter list: the last top-level "(...)", matched from the
+    # end, so that "(anonymous namespace)" earlier in the name stays.
+    if text.endswith(")"):
+        depth = 0
+        for i in range(len(text) - 1, -1, -1):
+            if text[i] == ")":
+                depth += 1
+            elif text[i] == "(":
+                depth -= 1
+                if depth == 0:
+                    text = text[:i]
+                    break
     out = []
     depth = 0
     for ch in text:
         if ch == "<":
             depth += 1
             if depth == 2:
-                out.append("<...")
+                out.append("<...>")
+            if depth >= 2:
                 continue
-        elif ch == ">":
+        elif ch == ">" and depth > 0:
             depth -= 1
             if depth >= 1:
                 continue

@@ -55,6 +55,27 @@ _MODULE_SORT = {
 }
 
 
+def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Depth-first from the roots, each module's children (and the roots)
+    slowest first: the tree reads top-down to where the time goes."""
+    names = {r["name"] for r in rows}
+    children: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        parent = r.get("parent", "")
+        while parent and parent not in names:  # an ancestor that was never called
+            parent = parent.rsplit(".", 1)[0] if "." in parent else ""
+        children.setdefault(parent if parent != r["name"] else "", []).append(r)
+    out: list[dict[str, Any]] = []
+
+    def walk(key: str) -> None:
+        for r in sorted(children.get(key, []), key=lambda r: -r.get("total", 0.0)):
+            out.append(r)
+            walk(r["name"])
+
+    walk("")
+    return out
+
+
 def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: float) -> Block:
     """The module tree (or, with --sort-by other than the default, a flat
     list in that order), then the repeated blocks grouped."""
@@ -66,14 +87,14 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
     )
     if sort_by == "name":
         ordered = sorted(rows_in, key=lambda r: r["name"])
-    elif sort_by == "cpu-total" and not view.get("flat"):
-        ordered = rows_in  # tree order, as named_modules() lists them
+    elif sort_by == "cpu-total":
+        ordered = tree_order(rows_in)
     else:
         key = _MODULE_SORT.get(sort_by, "total")
         for r in rows_in:
             r["gpu_total"] = (r.get("gpu_forward") or 0.0) + (r.get("gpu_backward") or 0.0)
         ordered = sorted(rows_in, key=lambda r: -(r.get(key) or 0.0))
-    tree = ordered is rows_in
+    tree = sort_by == "cpu-total"
     rows = []
     for r in ordered[: max(limit, 1) * 4 if tree else limit]:
         indent = "  " * r.get("depth", 0) if tree else ""

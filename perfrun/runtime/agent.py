@@ -326,6 +326,10 @@ class Agent:
             "settings": {k: v for k, v in json.loads(self.settings.to_json()).items()},
             "window": list(self.settings.scheduler) if self.settings.scheduler else None,
             "window_summary": self.window.result if self.window is not None else None,
+            "nsys_capture": self.window.capture if self.window is not None else None,
+            "module_hook_calls": (
+                self.module_ranges.calls if self.module_ranges is not None else None
+            ),
             "torch_imported": self.torch is not None,
             "gpu": self.gpu_timer is not None,
             "cuda": self.cuda,

@@ -36,7 +36,9 @@ def auto_depth(root: Any) -> int:
     return min(deepest, MAX_AUTO_DEPTH)
 
 
-def qualified_names(roots: list[Any], depth: Optional[int]) -> dict[int, tuple[Any, str]]:
+def qualified_names(
+    roots: list[Any], depth: Optional[int], tree: Optional[dict[str, tuple[int, str]]] = None
+) -> dict[int, tuple[Any, str]]:
     """id(module) -> (module, qualified name) for every module to hook.
 
     A single model keeps `named_modules()` names; with several roots (a GAN's
@@ -60,9 +62,15 @@ def qualified_names(roots: list[Any], depth: Optional[int]) -> dict[int, tuple[A
                 continue
             if not name:
                 qual = label or type(root).__name__
+                root_qual = qual
             else:
                 qual = f"{label}.{name}" if label else name
             out[id(module)] = (module, qual)
+            if tree is not None:
+                # (depth below its root, parent's qualified name) for the table.
+                parent = name.rsplit(".", 1)[0] if "." in name else ""
+                parent_qual = (f"{label}.{parent}" if label else parent) if parent else root_qual
+                tree[qual] = (d, parent_qual if name else "")
     return out
 
 
@@ -79,13 +87,14 @@ class ModuleRanges:
         self._attrs: dict[int, Any] = {}
         self._open: list[tuple[Any, bool]] = []
         self.calls = 0  # hook calls, for the test that no hook runs outside
+        self.tree: dict[str, tuple[int, str]] = {}
 
     @property
     def attached(self) -> bool:
         return bool(self._handles)
 
     def attach(self, roots: list[Any]) -> int:
-        targets = qualified_names(roots, self.depth)
+        targets = qualified_names(roots, self.depth, self.tree)
         for key, (module, name) in targets.items():
             self._names[key] = name
             if self._domain is not None:

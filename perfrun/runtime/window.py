@@ -52,6 +52,8 @@ class ProfilerWindow:
         self._exit = torch.ops.profiler._record_function_exit
         self.result: Optional[dict[str, Any]] = None
         self._cuda_capture = False
+        # cudaProfilerStart/Stop calls (and where they would be, on CPU).
+        self.capture: list[dict[str, Any]] = []
 
     # -- step callbacks ----------------------------------------------------------
 
@@ -121,19 +123,25 @@ class ProfilerWindow:
                 ranges.attach(self.agent.roots.alive())
             except Exception as exc:
                 self.agent.record_fault("modules", exc)
-        if settings.nsys and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if settings.nsys:
             # For `nsys --capture-range=cudaProfilerApi`: capture the window only.
-            torch.cuda.profiler.start()
-            self._cuda_capture = True
+            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            if cuda:
+                torch.cuda.profiler.start()
+                self._cuda_capture = True
+            self.capture.append({"edge": "start", "step": index, "cuda": cuda})
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
         ranges = self.agent.module_ranges
         if ranges is not None:
             ranges.detach()
-        if self._cuda_capture:
+        if self.agent.settings.nsys:
+            if self._cuda_capture:
+                self.torch.cuda.profiler.stop()
+            self.capture.append({"edge": "stop", "step": self.last_index,
+                                 "cuda": self._cuda_capture})
             self._cuda_capture = False
-            self.torch.cuda.profiler.stop()
         while self._handles:
             self._exit(self._handles.pop())
         if self._step_handle is not None:
@@ -192,7 +200,10 @@ class ProfilerWindow:
         if self.last_committed < self.end - 1:
             steps = max(0, self.last_committed + 1 - (self.recorded_from or self.start))
         summary = summarize(events, steps)
-        summary["modules"] = summarize_modules(events, summary["window_time"])
+        ranges = agent.module_ranges
+        summary["modules"] = summarize_modules(
+            events, summary["window_time"], ranges.tree if ranges is not None else None
+        )
         events.extend(_perfrun_track(events))
         text = json.dumps(trace)
         name = f"{stem}.pt.trace.json"
