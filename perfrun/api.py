@@ -49,7 +49,24 @@ def render_run(
     report = build_report(run, warmup=warmup)
     report.view = dict(view or {})
     with _destination(output) as stream:
-        render(report, fmt, stream)
+        if fmt == "json":
+            # The merged results, not just the summaries: every rank's raw
+            # per-step records travel with the report.
+            import json
+
+            from .report.jsonout import render_json
+
+            doc = json.loads(render_json(report))
+            doc["results"] = {
+                "run_dir": run.run_dir,
+                "meta": run.meta,
+                "missing_ranks": run.missing,
+                "ranks": [r.data for r in run.ranks],
+            }
+            stream.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+            stream.flush()
+        else:
+            render(report, fmt, stream)
     if output is not None:
         _say(f"report written to {output}")
     return report
@@ -175,7 +192,7 @@ def compare(
     try:
         current_run = baseline_mod.load(current)
     except ResultsError as exc:
-        _say(f"error: {exc}")
+        _say(f"error: current run: {exc}")
         return ExitCode.BAD_RESULTS
     base_fp = baseline_mod.stored_fingerprint(baseline, base_run)
     current_fp = baseline_mod.fingerprint(current_run)

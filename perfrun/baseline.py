@@ -115,7 +115,7 @@ def load(path: str) -> RunResults:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise ResultsError(f"no such baseline: {path}") from None
+        raise ResultsError(f"no such file or results folder: {path}") from None
     except OSError as exc:
         raise ResultsError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:

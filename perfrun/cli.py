@@ -515,10 +515,16 @@ def _collision_hint(exc: click.UsageError, after: list[str], target: list[str]) 
     message = exc.format_message()
     if after and target:
         script = target[0]
-        opts = " ".join(a for a in after if a.startswith("--"))
+        table, names, j = _option_table(), [], 0
+        while j < len(after):  # the option names only, not their values
+            name, eq, _ = after[j].partition("=")
+            names.append(name)
+            j += 1 + (0 if eq else table.get(name, 0))
+        opts = " ".join(names)
+        rest = " ".join([*after, *target[1:]])
         return UsageError(
-            f"{message}; {opts} after {script} was read as perfrun's option. If it is the "
-            f"script's own, put it after --: perfrun {script} -- {' '.join(after)}"
+            f"{message.rstrip('.')}; {opts} after {script} was read as perfrun's option. If it "
+            f"is the script's own, put it after --: perfrun {script} -- {rest}"
         )
     return UsageError(message)
 

@@ -75,12 +75,15 @@ class Comparison:
 
 
 def _gate_series(report: Report, run: RunResults) -> list[float]:
-    """Steady-state step times of the reference rank: warm-up and the
-    detailed window left out, as in the Perf Summary."""
+    """Steady-state step times of the reference rank: the steps the Perf
+    Summary counts (warm-up left out, and the detailed window unless the run
+    was timer-only)."""
     ref = next((r for r in run.ranks if r.rank == report.title.rank), None)
     if ref is None:
         return []
-    return [step_time(r) for r in steady_rows(ref, report.title.warmup)]
+    title = report.title
+    rows = steady_rows(ref, title.warmup, title.window, title.window_excluded)
+    return [step_time(r) for r in rows]
 
 
 def compare_runs(

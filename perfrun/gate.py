@@ -70,7 +70,10 @@ def autocorrelation_time(values: Sequence[float]) -> float:
     autocorrelations, summed while they stay above noise: how many
     consecutive steps carry one step's worth of information."""
     n = len(values)
-    if n < 4:
+    if n < 4 or max(values) == min(values):
+        # A constant series has no correlation to measure (and its mean,
+        # rounded, would leave tiny equal deviations that look fully
+        # correlated).
         return 1.0
     mean = sum(values) / n
     dev = [v - mean for v in values]

@@ -5,20 +5,21 @@
 Each workload in scripts/workloads/ is run as `python WORKLOAD` and under
 perfrun (`--timer-only`, the default mode, and `--scheduler START END`), in
 pairs of adjacent runs: plain then perfrun, the next pair perfrun then plain,
-and so on, so that a slow drift of the machine does not favour either side.
-The step time is the one each workload measures itself (the median of its
-steady-state steps, printed on its `BENCH {...}` line), never perfrun's own
-figure, so a perfrun that mis-times a step cannot hide its own cost.
+and so on, so that a slow drift of the machine favours neither side. The step
+time is the one each workload measures itself (the median of its steady-state
+steps, printed on its `BENCH {...}` line), never perfrun's own figure, so a
+perfrun that mis-timed a step could not hide its own cost.
 
 Per configuration it reports the median over pairs of perfrun step / plain
-step, the range over pairs, and the median over pairs of the absolute
-difference per step. It also times the launcher itself: the wall time of
-`perfrun --timer-only noop.py` against `python noop.py` (a script that never
-imports torch), and of a script that only imports torch.
+step, the range of that ratio over pairs, and the median over pairs of the
+difference per step. With --scheduler the steps inside the detailed window
+and the steps away from it are reported apart. It also times the launcher: the
+wall time of `perfrun --timer-only noop.py` against `python noop.py` (a
+script that imports nothing), and of a script that only imports torch.
 
-Needs only perfrun installed in this interpreter, and torch. Timings are only
-as quiet as the machine: close other work first; on a busy machine read the
-min-max ranges before the verdicts.
+Needs perfrun installed in this interpreter, and torch. The figures are only
+as quiet as the machine: stop other work first, and on a busy machine read
+the ranges before the verdicts.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ WORKLOADS = (
     Workload("(c)", "dataloader_bound", steps=300, quick_steps=100, warmup=20),
 )
 MODES = ("timer-only", "default", "scheduler")
-# The targets of the issue. (workload name, mode, what is compared, limit).
+OUTSIDE, INSIDE = "scheduler, outside window", "scheduler, in window"
+# The issue's targets: (workload, mode, "us" per step or "pct" of step time, limit).
 TARGETS = (
     ("tiny_mlp", "timer-only", "us", 10.0),
     ("small_transformer", "timer-only", "pct", 1.0),
@@ -71,36 +73,30 @@ TARGETS = (
     ("small_transformer", "default", "pct", 2.0),
 )
 STARTUP_LIMIT_MS = 150.0
-SCHEDULER_NOTE = (
-    "--scheduler only marks the detailed window in the results for now (the detailed "
-    "profiler is not implemented yet), so its row measures the default hooks plus that "
-    "bookkeeping, not the cost of a detailed window."
-)
 
 
 class BenchError(Exception):
     """A run failed or printed no BENCH line; the message says which."""
 
 
-# -- running -------------------------------------------------------------------
+# -- what is run -----------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("PERFRUN_SETTINGS", None)  # never profile the plain runs by accident
-    return env
+def window_for(wl: Workload, steps: int) -> tuple[int, int]:
+    """A detailed window in the middle of the timed steps, in perfrun's step
+    numbers (which count the workload's warm-up steps too)."""
+    length = min(10, max(3, steps // 5))
+    start = wl.warmup + (steps - length) // 2
+    return start, start + length
 
 
-def mode_options(mode: str, workload: Optional[Workload], steps: int) -> list[str]:
+def mode_options(mode: str, window: Optional[tuple[int, int]] = None) -> list[str]:
     if mode == "timer-only":
         return ["--timer-only"]
     if mode == "default":
         return []
-    if mode == "scheduler":
-        # A window inside the timed steps: perfrun counts the warm-up steps too.
-        warmup = workload.warmup if workload else 0
-        start = warmup + min(2, steps // 4)
-        return ["--scheduler", str(start), str(start + max(1, min(10, steps // 2)))]
+    if mode == "scheduler" and window is not None:
+        return ["--scheduler", str(window[0]), str(window[1])]
     raise ValueError(mode)
 
 
@@ -108,6 +104,7 @@ def mode_options(mode: str, workload: Optional[Workload], steps: int) -> list[st
 class RunResult:
     wall_s: float
     bench: Optional[dict[str, Any]]
+    options: Optional[list[str]]  # perfrun's options; None for a plain run
     perfrun: Optional[dict[str, Any]]  # what perfrun's own results say, for sanity
 
 
@@ -115,7 +112,8 @@ class Runner:
     def __init__(self, workdir: str, verbose: bool) -> None:
         self.workdir = workdir
         self.verbose = verbose
-        self.env = _child_env()
+        self.env = dict(os.environ)
+        self.env.pop("PERFRUN_SETTINGS", None)  # never profile a plain run by accident
         self.count = 0
 
     def run(self, script: str, args: list[str], perfrun: Optional[list[str]]) -> RunResult:
@@ -149,12 +147,13 @@ class Runner:
         if perfrun is not None:
             info = read_perfrun_results(log_dir)
             shutil.rmtree(log_dir, ignore_errors=True)
-        return RunResult(wall, bench, info)
+        return RunResult(wall, bench, perfrun, info)
 
 
 def read_perfrun_results(log_dir: str) -> Optional[dict[str, Any]]:
-    """Steps perfrun recorded, and its faults and notes: proof that the hooks
-    were really on during the run being timed. None when unreadable."""
+    """The steps perfrun recorded, its faults and notes, and whether the
+    window was recorded: evidence that perfrun really was at work in the run
+    being timed. None when the results cannot be read."""
     try:
         run_dirs = [
             os.path.join(log_dir, d)
@@ -163,22 +162,35 @@ def read_perfrun_results(log_dir: str) -> Optional[dict[str, Any]]:
         ]
         with open(os.path.join(sorted(run_dirs)[-1], "rank0.json")) as f:
             doc = json.load(f)
+        window = doc.get("window_summary") or None
         return {
             "steps": len(doc.get("steps", {}).get("rows", [])),
-            "torch_imported": doc.get("torch_imported"),
             "faults": doc.get("faults", []),
             "notes": doc.get("notes", []),
+            "window_recorded": window is not None,
+            "window_export_s": window.get("export_seconds") if window else None,
         }
     except (OSError, ValueError, IndexError, AttributeError):
         return None
 
 
-# -- statistics -----------------------------------------------------------------
+def run_pair(
+    runner: Runner, script: str, args: list[str], options: list[str], perfrun_first: bool
+) -> tuple[RunResult, RunResult]:
+    """Two adjacent runs of the same script: (plain, under perfrun)."""
+    if perfrun_first:
+        profiled = runner.run(script, args, options)
+        return runner.run(script, args, None), profiled
+    plain = runner.run(script, args, None)
+    return plain, runner.run(script, args, options)
+
+
+# -- statistics -------------------------------------------------------------------
 
 
 def pair_stats(plain: list[float], profiled: list[float]) -> dict[str, float]:
-    """Ratio and difference of each pair of adjacent runs, then their median
-    and range over pairs."""
+    """Ratio and difference within each pair of adjacent runs, then their
+    median and range over pairs."""
     ratios = [b / a for a, b in zip(plain, profiled)]
     diffs = [b - a for a, b in zip(plain, profiled)]
     return {
@@ -193,103 +205,96 @@ def pair_stats(plain: list[float], profiled: list[float]) -> dict[str, float]:
     }
 
 
-def run_pair(
-    runner: Runner, script: str, args: list[str], options: list[str], perfrun_first: bool
-) -> tuple[RunResult, RunResult]:
-    """Two adjacent runs of the same script: (plain, under perfrun)."""
-    if perfrun_first:
-        profiled = runner.run(script, args, options)
-        return runner.run(script, args, None), profiled
-    plain = runner.run(script, args, None)
-    return plain, runner.run(script, args, options)
+def _bench(run: RunResult, wl: Workload) -> dict[str, Any]:
+    if run.bench is None:
+        raise BenchError(f"{wl.name}.py printed no BENCH line")
+    return run.bench
 
 
-def bench_step_times(results: list[RunResult], script: str) -> list[float]:
-    out = []
-    for r in results:
-        if r.bench is None:
-            raise BenchError(f"{os.path.basename(script)} printed no BENCH line")
-        out.append(float(r.bench["median_step_s"]))
-    return out
-
-
-# -- formatting ---------------------------------------------------------------------
-
-
-def fmt_time(seconds: float) -> str:
-    if abs(seconds) < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if abs(seconds) < 1.0:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
-def fmt_signed_us(seconds: float) -> str:
-    return f"{seconds * 1e6:+.1f} us"
-
-
-def table(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+def _median_of(run: RunResult, wl: Workload, keep: Optional[range], drop: range) -> float:
+    """Median of the run's timed steps in `keep` (all when None) and not in
+    `drop`; indices are perfrun step numbers."""
+    bench = _bench(run, wl)
+    warmup = int(bench["warmup"])
+    picked = [
+        d
+        for j, d in enumerate(bench["step_s"])
+        if (keep is None or warmup + j in keep) and warmup + j not in drop
     ]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
-        ).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in rows)
-    return "\n".join(out)
+    if not picked:
+        raise BenchError(f"{wl.name}.py: no timed step left around the window")
+    return statistics.median(picked)
 
 
-def step_rows(step_results: list[dict[str, Any]]) -> list[list[str]]:
+def config_rows(
+    wl: Workload,
+    mode: str,
+    steps: int,
+    window: Optional[tuple[int, int]],
+    plain: list[RunResult],
+    prof: list[RunResult],
+) -> list[dict[str, Any]]:
+    """The table rows for one workload and mode: one, or two for a window
+    (the steps it records, and the steps well away from it)."""
+    if window is None:
+        parts = [
+            (
+                mode,
+                [float(_bench(r, wl)["median_step_s"]) for r in plain],
+                [float(_bench(r, wl)["median_step_s"]) for r in prof],
+            )
+        ]
+    else:
+        start, end = window
+        # The profiler starts one step early (its warm-up) and exports the
+        # trace at the start of step END; one more step of margin each side.
+        near = range(start - 2, end + 2)
+        inside = range(start, end)
+        parts = [
+            (
+                OUTSIDE,
+                [_median_of(r, wl, None, near) for r in plain],
+                [_median_of(r, wl, None, near) for r in prof],
+            ),
+            (
+                INSIDE,
+                [_median_of(r, wl, inside, range(0)) for r in plain],
+                [_median_of(r, wl, inside, range(0)) for r in prof],
+            ),
+        ]
+    walls = pair_stats([r.wall_s for r in plain], [r.wall_s for r in prof])
+    seen = [r.perfrun["steps"] for r in prof if r.perfrun] or None
     rows = []
-    for r in step_results:
-        s = r["stats"]
-        seen = r["perfrun_steps"]
+    for shown, a, b in parts:
         rows.append(
-            [
-                r["label"],
-                r["mode"],
-                fmt_time(s["plain_median"]),
-                fmt_time(s["perfrun_median"]),
-                f"{s['ratio_median']:.3f}",
-                f"{s['ratio_min']:.3f}-{s['ratio_max']:.3f}",
-                f"{(s['ratio_median'] - 1) * 100:+.2f}%",
-                fmt_signed_us(s["diff_median"]),
-                "?"
-                if seen is None
-                else f"{min(seen)}-{max(seen)}"
-                if min(seen) != max(seen)
-                else str(seen[0]),
-            ]
+            {
+                "workload": wl.name,
+                "label": wl.label,
+                "mode": mode,
+                "shown_as": shown,
+                "options": mode_options(mode, window),
+                "steps": steps,
+                "warmup": wl.warmup,
+                "window": list(window) if window else None,
+                "plain_step_s": a,
+                "perfrun_step_s": b,
+                "plain_mean_step_s": [_bench(r, wl)["mean_step_s"] for r in plain],
+                "perfrun_mean_step_s": [_bench(r, wl)["mean_step_s"] for r in prof],
+                "plain_wall_s": [r.wall_s for r in plain],
+                "perfrun_wall_s": [r.wall_s for r in prof],
+                "perfrun_steps": seen,
+                "stats": pair_stats(a, b),
+                "wall_stats": walls,
+            }
         )
     return rows
 
 
-def startup_rows(startup: list[dict[str, Any]]) -> list[list[str]]:
-    rows = []
-    for r in startup:
-        s = r["stats"]
-        rows.append(
-            [
-                r["script"],
-                r["mode"],
-                f"{s['plain_median'] * 1e3:.0f} ms",
-                f"{s['perfrun_median'] * 1e3:.0f} ms",
-                f"{s['diff_median'] * 1e3:+.0f} ms",
-                f"{s['diff_min'] * 1e3:+.0f} to {s['diff_max'] * 1e3:+.0f} ms",
-            ]
-        )
-    return rows
-
-
-def verdicts(step_results: list[dict[str, Any]], startup: list[dict[str, Any]]) -> list[dict]:
+def verdicts(steps: list[dict[str, Any]], startup: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each target: the measured median, the limit, pass or fail, and whether
     the pairs themselves fall on both sides of the limit (too noisy to tell)."""
     out = []
-    by_key = {(r["workload"], r["mode"]): r for r in step_results}
+    by_key = {(r["workload"], r["shown_as"]): r for r in steps}
     for name, mode, unit, limit in TARGETS:
         r = by_key.get((name, mode))
         if r is None:
@@ -297,7 +302,7 @@ def verdicts(step_results: list[dict[str, Any]], startup: list[dict[str, Any]]) 
         s = r["stats"]
         if unit == "us":
             value, lo, hi = (s[k] * 1e6 for k in ("diff_median", "diff_min", "diff_max"))
-            text = f"{value:+.1f} us/step (limit {limit:g} us)"
+            text = f"{value:+.1f} us a step (limit {limit:g} us)"
         else:
             value, lo, hi = ((s[k] - 1) * 100 for k in ("ratio_median", "ratio_min", "ratio_max"))
             text = f"{value:+.2f}% step time (limit {limit:g}%)"
@@ -306,7 +311,7 @@ def verdicts(step_results: list[dict[str, Any]], startup: list[dict[str, Any]]) 
         if r["script"] == "noop.py" and r["mode"] == "timer-only":
             s = r["stats"]
             value, lo, hi = (s[k] * 1e3 for k in ("diff_median", "diff_min", "diff_max"))
-            text = f"{value:+.0f} ms per run (limit {STARTUP_LIMIT_MS:g} ms)"
+            text = f"{value:+.0f} ms a run (limit {STARTUP_LIMIT_MS:g} ms)"
             out.append(
                 _verdict("launcher start-up (noop.py)", text, value, lo, hi, STARTUP_LIMIT_MS)
             )
@@ -324,7 +329,208 @@ def _verdict(what: str, text: str, value: float, lo: float, hi: float, limit: fl
     }
 
 
-# -- main ------------------------------------------------------------------------------
+# -- measuring ---------------------------------------------------------------------------
+
+
+def measure_workload(
+    runner: Runner, wl: Workload, quick: bool, pairs: int
+) -> tuple[list[dict[str, Any]], list[RunResult]]:
+    steps = wl.quick_steps if quick else wl.steps
+    wl_args = [str(steps), str(wl.warmup)]
+    window = window_for(wl, steps)
+    # --quick keeps the (costly, not gated) window to (b).
+    modes = [m for m in MODES if not (quick and m == "scheduler" and wl.key != "(b)")]
+    runs: dict[str, tuple[list[RunResult], list[RunResult]]] = {m: ([], []) for m in modes}
+    # Rounds over the modes, so each mode's pairs spread over the same period;
+    # odd rounds run perfrun first.
+    for i in range(pairs):
+        for mode in modes:
+            options = mode_options(mode, window if mode == "scheduler" else None)
+            a, b = run_pair(runner, wl.script, wl_args, options, perfrun_first=i % 2 == 1)
+            runs[mode][0].append(a)
+            runs[mode][1].append(b)
+            _progress(f"{wl.label} {mode}: pair {i + 1}/{pairs}")
+    rows = []
+    for mode in modes:
+        plain, prof = runs[mode]
+        rows += config_rows(wl, mode, steps, window if mode == "scheduler" else None, plain, prof)
+    return rows, [r for plain, prof in runs.values() for r in plain + prof]
+
+
+def measure_startup(runner: Runner, pairs: int) -> list[dict[str, Any]]:
+    cases = (
+        ("noop.py", "timer-only", max(5, 3 * pairs)),
+        ("torch_import.py", "timer-only", pairs),
+        ("torch_import.py", "default", pairs),
+    )
+    out = []
+    for name, mode, n in cases:
+        script = os.path.join(WORKLOAD_DIR, name)
+        plain, prof = [], []
+        for i in range(n):
+            a, b = run_pair(runner, script, [], mode_options(mode), perfrun_first=i % 2 == 1)
+            plain.append(a.wall_s)
+            prof.append(b.wall_s)
+        _progress(f"start-up {name} {mode}: {n} pairs")
+        out.append(
+            {
+                "script": name,
+                "mode": mode,
+                "plain_wall_s": plain,
+                "perfrun_wall_s": prof,
+                "stats": pair_stats(plain, prof),
+            }
+        )
+    return out
+
+
+def perfrun_notes(runs: list[RunResult]) -> list[str]:
+    notes: set[str] = set()
+    for r in runs:
+        if r.perfrun is None:
+            continue
+        notes.update(r.perfrun["notes"])
+        for f in r.perfrun["faults"]:
+            notes.add(f"fault in {f.get('where')}: {f.get('error')}")
+    return sorted(notes)
+
+
+# -- printing ---------------------------------------------------------------------------------
+
+
+def fmt_time(seconds: float) -> str:
+    if abs(seconds) < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if abs(seconds) < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_signed(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + fmt_time(abs(seconds))
+
+
+def table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
+    """Plain text columns; the first `left` columns are left-aligned."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def step_table(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for r in rows:
+        s, seen = r["stats"], r["perfrun_steps"]
+        out.append(
+            [
+                r["label"],
+                r["shown_as"],
+                fmt_time(s["plain_median"]),
+                fmt_time(s["perfrun_median"]),
+                f"{s['ratio_median']:.3f}",
+                f"{s['ratio_min']:.3f}-{s['ratio_max']:.3f}",
+                f"{(s['ratio_median'] - 1) * 100:+.2f}%",
+                fmt_signed(s["diff_median"]),
+                fmt_signed(r["wall_stats"]["diff_median"]),
+                "?"
+                if not seen
+                else str(min(seen))
+                if min(seen) == max(seen)
+                else f"{min(seen)}-{max(seen)}",
+            ]
+        )
+    headers = [
+        "workload",
+        "mode",
+        "python",
+        "perfrun",
+        "ratio",
+        "ratio range",
+        "overhead",
+        "per step",
+        "whole run",
+        "perfrun steps",
+    ]
+    return table(headers, out)
+
+
+def startup_table(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for r in rows:
+        s = r["stats"]
+        out.append(
+            [
+                r["script"],
+                r["mode"],
+                f"{s['plain_median'] * 1e3:.0f} ms",
+                f"{s['perfrun_median'] * 1e3:.0f} ms",
+                f"{s['diff_median'] * 1e3:+.0f} ms",
+                f"{s['diff_min'] * 1e3:+.0f} to {s['diff_max'] * 1e3:+.0f} ms",
+            ]
+        )
+    return table(["script", "mode", "python", "perfrun", "added", "added range"], out)
+
+
+def print_report(doc: dict[str, Any]) -> None:
+    m = doc["machine"]
+    load = m["loadavg_start"], m["loadavg_end"]
+    print(
+        f"perfrun overhead ({'quick, ' if doc['quick'] else ''}{doc['pairs']} pairs per "
+        f"configuration; python {m['python']}, torch {m['torch'] or '?'}, {m['cpus']} CPUs; "
+        f"load average {_fmt_load(load[0])} at start, {_fmt_load(load[1])} at end; "
+        f"{doc['elapsed_s'] / 60:.1f} min)"
+    )
+    if doc["steps"]:
+        print(
+            "\nStep time as each workload measures it (its median step; python and perfrun "
+            "columns are medians over runs, the rest over pairs)"
+        )
+        print(step_table(doc["steps"]))
+    if doc["startup"]:
+        print("\nLauncher start-up: wall time of a whole run (medians over pairs)")
+        print(startup_table(doc["startup"]))
+    if doc["targets"]:
+        print("\nTargets")
+        for c in doc["targets"]:
+            noisy = "  (pairs fall on both sides of the limit: noisy)" if c["noisy"] else ""
+            print(f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['target']}: {c['text']}{noisy}")
+    print("\nNotes")
+    for note in doc["notes"]:
+        print(f"  - {note}")
+
+
+def explanation(rows: list[dict[str, Any]], runs: list[RunResult]) -> list[str]:
+    notes = [
+        "ratio: perfrun step / python step of two adjacent runs; per step: their difference; "
+        "whole run: the difference in wall time of the whole process (start-up, torch "
+        "import, exit, report)."
+    ]
+    windows = {r["label"]: r["window"] for r in rows if r["window"]}
+    if windows:
+        windowed = [r.perfrun for r in runs if r.perfrun and "--scheduler" in (r.options or [])]
+        exports = [p["window_export_s"] for p in windowed if p["window_export_s"] is not None]
+        missing = sum(1 for p in windowed if not p["window_recorded"])
+        where = ", ".join(f"{k} [{a}, {b})" for k, (a, b) in windows.items())
+        note = (
+            f"scheduler: torch.profiler records perfrun steps {where}. 'in window' is those "
+            "steps; 'outside window' leaves out the window and two steps each side (the "
+            "profiler's warm-up step, the step that exports the trace)."
+        )
+        if exports:
+            note += f" Trace export and summary: {statistics.median(exports):.2f} s (median)."
+        if missing:
+            note += f" WARNING: {missing} run(s) recorded no window."
+        notes.append(note)
+    notes += [f"perfrun: {n}" for n in perfrun_notes(runs)]
+    return notes
+
+
+# -- main ----------------------------------------------------------------------------------
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -336,40 +542,39 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="Fewer steps and 3 pairs; --scheduler only on (b). About 3 minutes on 2 cores.",
+        help="Fewer steps, 3 pairs, the --scheduler window on (b) only: a few minutes.",
     )
     parser.add_argument(
         "--pairs",
         type=int,
         default=None,
-        help="Pairs per configuration (default 7, or 3 with --quick).",
+        help="Pairs per configuration (default 7; 3 with --quick).",
     )
     parser.add_argument(
         "--json",
         metavar="OUT",
         default="bench_overhead.json",
-        help="Where the JSON results go (default %(default)s; - for stdout).",
+        help="Where the JSON results go (default %(default)s; - for standard output).",
     )
     parser.add_argument(
         "--workloads",
         default=",".join(w.name for w in WORKLOADS),
-        help="Comma-separated subset of: %(default)s.",
+        help="Comma-separated subset of %(default)s.",
     )
     parser.add_argument(
         "--no-startup", action="store_true", help="Skip the launcher start-up measurements."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="Print each command.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Print each command run.")
     args = parser.parse_args(argv)
     if args.pairs is None:
         args.pairs = 3 if args.quick else 7
     if args.pairs < 1:
         parser.error("--pairs must be at least 1")
-    known = {w.name for w in WORKLOADS}
-    wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in wanted if w not in known]
+    known = [w.name for w in WORKLOADS]
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in args.workloads if w not in known]
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(unknown)} (known: {', '.join(known)})")
-    args.workloads = wanted
     return args
 
 
@@ -379,156 +584,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     load_start = _loadavg()
     workdir = tempfile.mkdtemp(prefix="perfrun-bench-")
     runner = Runner(workdir, args.verbose)
-    step_results: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    runs: list[RunResult] = []
     startup: list[dict[str, Any]] = []
-    notes: set[str] = set()
-    torch_version = None
     try:
-        for wl in (w for w in WORKLOADS if w.name in args.workloads):
-            steps = wl.quick_steps if args.quick else wl.steps
-            wl_args = [str(steps), str(wl.warmup)]
-            modes = [
-                m
-                for m in MODES
-                if not (args.quick and m == "scheduler" and wl.name != "small_transformer")
-            ]
-            collected: dict[str, tuple[list[RunResult], list[RunResult]]] = {
-                m: ([], []) for m in modes
-            }
-            # Rounds over the modes, so each mode's pairs spread over the same
-            # period; odd rounds run perfrun first, so drift favours neither side.
-            for i in range(args.pairs):
-                for mode in modes:
-                    a, b = run_pair(
-                        runner,
-                        wl.script,
-                        wl_args,
-                        mode_options(mode, wl, steps),
-                        perfrun_first=i % 2 == 1,
-                    )
-                    collected[mode][0].append(a)
-                    collected[mode][1].append(b)
-                    _progress(f"{wl.label} {mode}: pair {i + 1}/{args.pairs}")
-            for mode in modes:
-                plain, prof = collected[mode]
-                a = bench_step_times(plain, wl.script)
-                b = bench_step_times(prof, wl.script)
-                torch_version = torch_version or plain[0].bench.get("torch")  # type: ignore[union-attr]
-                seen = [r.perfrun["steps"] for r in prof if r.perfrun]
-                for r in prof:
-                    if r.perfrun:
-                        notes.update(r.perfrun["notes"])
-                        for f in r.perfrun["faults"]:
-                            notes.add(f"perfrun fault in {f.get('where')}: {f.get('error')}")
-                step_results.append(
-                    {
-                        "workload": wl.name,
-                        "label": wl.label,
-                        "mode": mode,
-                        "options": mode_options(mode, wl, steps),
-                        "steps": steps,
-                        "warmup": wl.warmup,
-                        "plain_step_s": a,
-                        "perfrun_step_s": b,
-                        "plain_mean_step_s": [r.bench["mean_step_s"] for r in plain],  # type: ignore[index]
-                        "perfrun_mean_step_s": [r.bench["mean_step_s"] for r in prof],  # type: ignore[index]
-                        "perfrun_steps": seen or None,
-                        "stats": pair_stats(a, b),
-                    }
-                )
+        for wl in WORKLOADS:
+            if wl.name in args.workloads:
+                wl_rows, wl_runs = measure_workload(runner, wl, args.quick, args.pairs)
+                rows += wl_rows
+                runs += wl_runs
         if not args.no_startup:
-            startup_cases = [
-                ("noop.py", "timer-only", max(5, 3 * args.pairs)),
-                ("torch_import.py", "timer-only", args.pairs),
-                ("torch_import.py", "default", args.pairs),
-            ]
-            for script_name, mode, pairs in startup_cases:
-                script = os.path.join(WORKLOAD_DIR, script_name)
-                plain, prof = [], []
-                for i in range(pairs):
-                    a1, b1 = run_pair(
-                        runner, script, [], mode_options(mode, None, 0), perfrun_first=i % 2 == 1
-                    )
-                    plain.append(a1)
-                    prof.append(b1)
-                _progress(f"start-up {script_name} {mode}: {pairs} pairs")
-                a = [r.wall_s for r in plain]
-                b = [r.wall_s for r in prof]
-                startup.append(
-                    {
-                        "script": script_name,
-                        "mode": mode,
-                        "plain_wall_s": a,
-                        "perfrun_wall_s": b,
-                        "stats": pair_stats(a, b),
-                    }
-                )
+            startup = measure_startup(runner, args.pairs)
     except BenchError as exc:
         print(f"bench_overhead: a run failed: {exc}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    checks = verdicts(step_results, startup)
-    elapsed = time.time() - started
-    header = (
-        f"perfrun overhead ({'quick, ' if args.quick else ''}{args.pairs} pairs per "
-        f"configuration; python {platform.python_version()}, torch {torch_version or '?'}, "
-        f"{os.cpu_count()} CPUs; load average {_fmt_load(load_start)} at start, "
-        f"{_fmt_load(_loadavg())} at end; {elapsed / 60:.1f} min)"
-    )
-    print(header)
-    if step_results:
-        print(
-            "\nStep time as each workload measures it (median of its steady-state steps; "
-            "medians over pairs)"
-        )
-        print(
-            table(
-                [
-                    "workload",
-                    "mode",
-                    "python",
-                    "perfrun",
-                    "ratio",
-                    "ratio range",
-                    "overhead",
-                    "per step",
-                    "perfrun steps",
-                ],
-                step_rows(step_results),
-                right={2, 3, 4, 5, 6, 7, 8},
-            )
-        )
-    if startup:
-        print("\nLauncher start-up: wall time of a whole run (medians over pairs)")
-        print(
-            table(
-                ["script", "mode", "python", "perfrun", "added", "added range"],
-                startup_rows(startup),
-                right={2, 3, 4, 5},
-            )
-        )
-    if checks:
-        print("\nTargets")
-        for c in checks:
-            mark = "PASS" if c["pass"] else "FAIL"
-            extra = "  (pairs on both sides of the limit: noisy)" if c["noisy"] else ""
-            print(f"  [{mark}] {c['target']}: {c['text']}{extra}")
-    print("\nNotes")
-    print("  - ratio = perfrun step / python step of adjacent runs; per step = the difference.")
-    if any(r["mode"] == "scheduler" for r in step_results):
-        print(f"  - {SCHEDULER_NOTE}")
-    for note in sorted(notes):
-        print(f"  - perfrun: {note}")
-
+    torch_version = next((r.bench.get("torch") for r in runs if r.bench), None)
     doc = {
         "benchmark": "perfrun-overhead",
         "version": 1,
         "quick": args.quick,
         "pairs": args.pairs,
         "started_unix": started,
-        "elapsed_s": round(elapsed, 1),
+        "elapsed_s": round(time.time() - started, 1),
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -537,11 +617,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             "loadavg_start": load_start,
             "loadavg_end": _loadavg(),
         },
-        "steps": step_results,
+        "steps": rows,
         "startup": startup,
-        "targets": checks,
-        "notes": [SCHEDULER_NOTE, *sorted(notes)],
+        "targets": verdicts(rows, startup),
+        "notes": explanation(rows, runs),
     }
+    print_report(doc)
     text = json.dumps(doc, indent=1)
     if args.json == "-":
         print(text)

@@ -24,12 +24,14 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn(args.samples, 64)
     y = (x[:, :8].sum(dim=1) > 0).long()
-    train = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True,
-                       num_workers=args.workers)
+    train = DataLoader(
+        TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, num_workers=args.workers
+    )
     val = DataLoader(TensorDataset(x[:512], y[:512]), batch_size=256)
 
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 2))
+    model = nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)
+    )
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 

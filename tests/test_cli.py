@@ -129,6 +129,24 @@ def test_main_hint_for_script_option_read_as_perfrun_option(
     assert err.count("\n") == 1
     assert err.startswith("perfrun: error: ")
     assert "perfrun train.py -- --scheduler cosine" in err
+    assert ".;" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, named, fix",
+    [
+        (["--warmup", "x", "--lr", "0.1"], "--warmup", "--warmup x --lr 0.1"),
+        # --scheduler takes two values, so it swallowed the script's --lr too.
+        (["--scheduler", "cosine", "--lr", "0.1"], "--scheduler", "--scheduler cosine --lr 0.1"),
+    ],
+)
+def test_main_hint_keeps_the_script_arguments(
+    capsys: pytest.CaptureFixture[str], argv: list[str], named: str, fix: str
+) -> None:
+    assert cli.main(["train.py", *argv]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"; {named} after train.py was read as perfrun's option" in err
+    assert err.rstrip().endswith(f"perfrun train.py -- {fix}")
 
 
 @pytest.mark.parametrize(

@@ -240,18 +240,8 @@ def test_module_form_matches_python_m(tmp_path: Path) -> None:
 
 def test_script_killed_by_sigkill(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    result = perfrun(
-        "--log-dir",
-        str(log),
-        "--flush-interval",
-        "0.2",
-        str(TRAIN),
-        "--steps",
-        "8",
-        "--kill-at",
-        "4",
-        cwd=tmp_path,
-    )
+    options = ["--log-dir", str(log), "--flush-interval", "0.2"]
+    result = perfrun(*options, str(TRAIN), "--steps", "8", "--kill-at", "4", cwd=tmp_path)
     # perfrun dies by the script's signal, after printing the report.
     assert result.returncode == -signal.SIGKILL
     run_dir = run_dir_of(log)
@@ -267,23 +257,10 @@ def _signal_perfrun(tmp_path: Path, signum: int) -> tuple[subprocess.CompletedPr
     (not to the script) once the script is training, and wait for the end."""
     log = tmp_path / "log"
     ready = tmp_path / "ready"
+    script = [str(TRAIN), "--steps", "400", "--sleep", "0.05"]
+    script += ["--ready-at", "3", "--ready-file", str(ready)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perfrun",
-            "--log-dir",
-            str(log),
-            str(TRAIN),
-            "--steps",
-            "400",
-            "--sleep",
-            "0.05",
-            "--ready-at",
-            "3",
-            "--ready-file",
-            str(ready),
-        ],
+        [sys.executable, "-m", "perfrun", "--log-dir", str(log), *script],
         cwd=tmp_path,
         env=base_env(),
         stdin=subprocess.DEVNULL,  # not a terminal: perfrun forwards SIGINT itself
@@ -334,18 +311,8 @@ def test_sigterm_to_perfrun_is_forwarded_and_reports(tmp_path: Path) -> None:
 
 def test_two_ranks_under_torchrun(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    result = perfrun(
-        "--log-dir",
-        str(log),
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(DDP),
-        "--steps",
-        "5",
-        cwd=tmp_path,
-    )
+    options = ["--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    result = perfrun(*options, str(DDP), "--steps", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = run_dir_of(log)
     assert sorted(p.name for p in run_dir.glob("rank*.json")) == ["rank0.json", "rank1.json"]
@@ -362,23 +329,9 @@ def test_one_rank_raising_fails_the_run(tmp_path: Path) -> None:
     log = tmp_path / "log"
     # Rank 1 raises; rank 0 is busy elsewhere until torchrun stops it with
     # SIGTERM, so the outcome does not depend on how gloo notices the loss.
-    result = perfrun(
-        "--log-dir",
-        str(log),
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(DDP),
-        "--steps",
-        "5",
-        "--raise-rank",
-        "1",
-        "--raise-at",
-        "2",
-        "--others-wait",
-        cwd=tmp_path,
-    )
+    options = ["--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    script = [str(DDP), "--steps", "5", "--raise-rank", "1", "--raise-at", "2", "--others-wait"]
+    result = perfrun(*options, *script, cwd=tmp_path)
     run_dir = run_dir_of(log)
     assert "RuntimeError: rank 1 failed at step 2" in result.stderr
     assert "rank 1: raised RuntimeError after 2 steps" in result.stdout
@@ -461,18 +414,8 @@ def test_failing_user_sitecustomize_is_reported_like_python(tmp_path: Path) -> N
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) -> None:
     log = tmp_path / "log"
-    result = perfrun(
-        "--log-dir",
-        str(log),
-        str(TRAIN),
-        "--steps",
-        "6",
-        "--workers",
-        "2",
-        "--context",
-        context,
-        cwd=tmp_path,
-    )
+    script = [str(TRAIN), "--steps", "6", "--workers", "2", "--context", context]
+    result = perfrun("--log-dir", str(log), *script, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "profiling disabled" not in result.stderr
     run_dir = run_dir_of(log)
@@ -665,20 +608,8 @@ def test_nsys_wraps_the_script(tmp_path: Path) -> None:
 def test_nsys_once_per_rank_under_torchrun(tmp_path: Path) -> None:
     env, calls = fake_nsys(tmp_path)
     log = tmp_path / "log"
-    result = perfrun(
-        "--log-dir",
-        str(log),
-        "--nsys",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(DDP),
-        "--steps",
-        "3",
-        cwd=tmp_path,
-        env=env,
-    )
+    options = ["--log-dir", str(log), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    result = perfrun(*options, "--nsys", str(DDP), "--steps", "3", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     run_dir = run_dir_of(log)
     entries = [json.loads(line) for line in calls.read_text().splitlines()]
@@ -733,11 +664,18 @@ Profiler:
 """
 
 
-def _config_run(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _config_run(
+    tmp_path: Path,
+    before: tuple[str, ...] = (),
+    after: tuple[str, ...] = (),
+    script: tuple[str, ...] = (str(TRAIN), "--steps", "6"),
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """A run with the GPT config: `perfrun --config FILE BEFORE SCRIPT AFTER
+    SCRIPT-ARGS` (right after the script perfrun still reads its long options)."""
     log = tmp_path / "profiler_log"
     config = tmp_path / "pretrain_gpt.yaml"
     config.write_text(GPT_CONFIG.format(log=log))
-    result = perfrun("--config", str(config), *options, str(TRAIN), "--steps", "6", cwd=tmp_path)
+    result = perfrun("--config", str(config), *before, script[0], *after, *script[1:], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "perfrun_log").exists()
     return result, run_dir_of(log)
@@ -750,13 +688,17 @@ def test_paddle_gpt_config_is_honoured(tmp_path: Path) -> None:
     assert len(rows(run_dir)) == 6
 
 
+# The precedence itself is unit-tested in test_cli.py; these two only show
+# that the winner reaches the script's process, so a torch-free script will do.
+
+
 def test_command_line_scheduler_wins_over_config(tmp_path: Path) -> None:
-    result, run_dir = _config_run(tmp_path, "--scheduler", "1", "3")
+    _, run_dir = _config_run(tmp_path, after=("--scheduler", "1", "3"), script=(str(EXIT_SCRIPT),))
     assert rank_data(run_dir)["window"] == [1, 3]
-    assert "Window: steps [1, 3)" in result.stdout
 
 
 def test_override_sets_the_scheduler(tmp_path: Path) -> None:
-    result, run_dir = _config_run(tmp_path, "-o", "Profiler.scheduler=[1,3]")
+    _, run_dir = _config_run(
+        tmp_path, before=("-o", "Profiler.scheduler=[1,3]"), script=(str(EXIT_SCRIPT),)
+    )
     assert rank_data(run_dir)["window"] == [1, 3]
-    assert "Window: steps [1, 3)" in result.stdout

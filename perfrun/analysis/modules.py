@@ -111,6 +111,7 @@ def summarize_modules(
             if ext is not None:
                 kernels_by_ext[ext] = kernels_by_ext.get(ext, 0.0) + e["dur"] / 1e6
     backward_ext: dict[Any, list[str]] = {}
+    backward_spans: dict[Any, list[tuple[float, float, list[str]]]] = {}
     for e in spans:
         if e.get("cat") == "cpu_op" and e.get("name", "").startswith(_BACKWARD):
             args = e.get("args") or {}
@@ -122,6 +123,29 @@ def summarize_modules(
             ext = args.get("External id")
             if ext is not None:
                 backward_ext[ext] = owners
+            backward_spans.setdefault(e.get("tid"), []).append(
+                (e["ts"], e["ts"] + e["dur"], owners)
+            )
+    if kernels_by_ext and backward_spans:
+        # A kernel is linked to the innermost op that launched it (`aten::mm`
+        # inside `AddmmBackward0`), not to the evaluate_function around it:
+        # every op inside a backward span counts for that span's modules.
+        for tid, rs in backward_spans.items():
+            rs.sort(key=lambda r: r[0])
+            open_spans: list[tuple[float, float, list[str]]] = []
+            i = 0
+            for op in sorted(
+                (o for o in spans if o.get("cat") == "cpu_op" and o.get("tid") == tid),
+                key=lambda o: o["ts"],
+            ):
+                ts = op["ts"]
+                while i < len(rs) and rs[i][0] <= ts:
+                    open_spans.append(rs[i])
+                    i += 1
+                open_spans = [r for r in open_spans if r[1] >= ts]
+                ext = (op.get("args") or {}).get("External id")
+                if open_spans and ext is not None and ext not in backward_ext:
+                    backward_ext[ext] = open_spans[-1][2]
     if kernels_by_ext:
         for owner_map, key in ((ext_owner, "gpu_forward"), (backward_ext, "gpu_backward")):
             for ext, owners in owner_map.items():

@@ -354,18 +354,30 @@ def _steps_phrase(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def rank_problem(rank: RankResult) -> Optional[str]:
+def rank_problem(rank: RankResult, exit_status: Optional[int] = None) -> Optional[str]:
     """What went wrong with this rank, in a few words, or None.
 
     `running` in a file read after the run means the rank never wrote its
     final record: it died (SIGKILL, OOM killer, a hard crash) and what is left
     is its last periodic flush. A clean `--stop-after` stop is not a problem.
+
+    `exit_status` is the process's own exit status when the launcher saw it
+    (one process, no torchrun). A process that exited normally yet never
+    wrote its final record did not die: it replaced itself (`os.exec*`, so
+    the new program runs without perfrun) or left by `os._exit`.
     """
     n = len(rank.rows)
     status = rank.status
     exit_info = rank.data.get("exit") or {}
     if status == "running":
-        return f"died after {_steps_phrase(n)}" if n else "died before its first step"
+        when = f"after {_steps_phrase(n)}" if n else "before its first step"
+        if exit_status is not None and exit_status >= 0:
+            return (
+                f"exited with status {exit_status} {when} without saving its results: "
+                "it re-executed itself (os.exec*) or called os._exit, and perfrun "
+                "saw nothing after that"
+            )
+        return f"died {when}"
     if status == "signalled":
         sig = exit_info.get("signal")
         what = f"killed by {_signal_name(sig)}" if sig is not None else "killed by a signal"
@@ -761,6 +773,8 @@ class Report:
     window: Any = None
     #: How window tables are shown: sort_by, row_limit, time_unit, op_detail.
     view: dict[str, Any] = field(default_factory=dict)
+    #: Bottleneck advice (analysis/advice.py), each with the numbers it rests on.
+    advice: list[Any] = field(default_factory=list)
 
     def show(self, section: str) -> bool:
         return bool(self.sections.get(section, True))
@@ -783,6 +797,7 @@ class Report:
             "faults": [f.to_dict() for f in self.faults],
             "sections": dict(self.sections),
             "window": self.window.to_dict() if self.window is not None else None,
+            "advice": [a.to_dict() for a in self.advice],
         }
 
 
@@ -877,6 +892,23 @@ def _no_measurement(run: RunResults) -> Optional[str]:
     return "no PyTorch training loop was seen: no forward, backward or optimizer step ran"
 
 
+#: Said when perfrun saw no torch at all: the likeliest reason in a script
+#: that does train is that it trains in a process perfrun never entered.
+BOOTSTRAP_HINT = (
+    "perfrun measures only the Python process it starts (under torchrun, its "
+    "workers): training in a process the script starts itself (python -E, -I or -S, "
+    "subprocess, multiprocessing) or after it re-executes itself (os.exec*) is not measured"
+)
+
+
+def _launcher_exit_status(run: RunResults) -> Optional[int]:
+    """The script's exit status as perfrun's launcher saw it, when the
+    launcher ran the script itself (under torchrun it sees torchrun's)."""
+    if run.meta.get("launcher") != "python":
+        return None
+    return _opt_int(run.meta.get("returncode"))
+
+
 def build_report(
     run: RunResults,
     warmup: Optional[int] = None,
@@ -934,13 +966,18 @@ def build_report(
     report = Report(title=title, sections=_sections(ref))
     report.problem = _no_measurement(run)
     report.notes = _notes(ranks)
+    if report.problem is not None and not any(r.data.get("torch_imported") for r in ranks):
+        report.notes.append(BOOTSTRAP_HINT)
     report.faults = _faults(ranks)
 
     if run.world_size > 1 or run.missing:
         report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window)
         report.problems = report.ranks.problems
     else:
-        report.problems = [f"rank {r.rank}: {p}" for r in ranks if (p := rank_problem(r))]
+        status = _launcher_exit_status(run)
+        report.problems = [
+            f"rank {r.rank}: {p}" for r in ranks if (p := rank_problem(r, status))
+        ]
     if report.problem is not None:
         # "recorded no steps" only repeats what `problem` already says.
         report.problems = [p for p in report.problems if not p.endswith("recorded no steps")]
@@ -966,4 +1003,7 @@ def build_report(
                 f"the step itself (by up to {report.model.overshoot_max * 1e3:.3f} ms); "
                 "Others is shown as 0 for them"
             )
+    from perfrun.analysis.advice import advise, inputs_for
+
+    report.advice = advise(inputs_for(report, ref, ranks))
     return report

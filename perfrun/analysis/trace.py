@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
+from .modules import MODULE_PREFIX
+
 # perfrun's own annotations in the trace (recorded during the window).
 PHASE_PREFIX = "perfrun: "
 STEP_PREFIX = "perfrun: ProfileStep#"
@@ -275,6 +277,8 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
                 if phase in by_type:
                     by_type[phase].append(iv)
                     calls[phase] += 1
+            elif name.startswith(MODULE_PREFIX):
+                pass  # perfrun's own per-module ranges (the Module Summary's)
             elif is_communication(name):
                 comm_cpu.append(iv)
             elif not name.startswith(_TORCH_ANNOTATIONS):

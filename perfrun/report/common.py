@@ -265,6 +265,14 @@ def device_block(device: DeviceSummary, world_size: int) -> TableBlock:
     return TableBlock("device", "Device Summary", [], columns, rows, footer=footer)
 
 
+def advice_block(report: Report) -> Optional[LinesBlock]:
+    """Each piece of advice on one line: what was measured, then what to try.
+    The numbers it quotes are in the JSON report under `advice[].evidence`;
+    advice that rests on no numbers is not printed."""
+    lines = [a.text() for a in report.advice if a.evidence]
+    return LinesBlock("advice", "Advice", lines) if lines else None
+
+
 def blocks(report: Report) -> list[Block]:
     """The report, top to bottom, as every text renderer prints it."""
     out: list[Block] = [TitleBlock("perfrun", report.title.entries())]
@@ -282,6 +290,9 @@ def blocks(report: Report) -> list[Block]:
         from perfrun.report.window_blocks import window_blocks
 
         out.extend(window_blocks(report.window, report.view, report.show))
+    advice = advice_block(report)
+    if advice is not None:
+        out.append(advice)
     if report.extras:
         lines = []
         for e in report.extras:

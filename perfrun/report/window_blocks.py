@@ -58,6 +58,13 @@ _MODULE_SORT = {
 def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Depth-first from the roots, each module's children (and the roots)
     slowest first: the tree reads top-down to where the time goes."""
+    return [r for r, _level in _tree(rows)]
+
+
+def _tree(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """tree_order's rows with their level in the tree as shown, which is not
+    the qualified name's depth where a never-called container (ModuleList)
+    was skipped: `transformer.h.3` sits right under the model."""
     names = {r["name"] for r in rows}
     children: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -65,14 +72,14 @@ def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         while parent and parent not in names:  # an ancestor that was never called
             parent = parent.rsplit(".", 1)[0] if "." in parent else ""
         children.setdefault(parent if parent != r["name"] else "", []).append(r)
-    out: list[dict[str, Any]] = []
+    out: list[tuple[dict[str, Any], int]] = []
 
-    def walk(key: str) -> None:
+    def walk(key: str, level: int) -> None:
         for r in sorted(children.get(key, []), key=lambda r: -r.get("total", 0.0)):
-            out.append(r)
-            walk(r["name"])
+            out.append((r, level))
+            walk(r["name"], level + 1)
 
-    walk("")
+    walk("", 0)
     return out
 
 
@@ -86,18 +93,18 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
         r.get("gpu_forward") is not None or r.get("gpu_backward") is not None for r in rows_in
     )
     if sort_by == "name":
-        ordered = sorted(rows_in, key=lambda r: r["name"])
+        ordered = [(r, 0) for r in sorted(rows_in, key=lambda r: r["name"])]
     elif sort_by == "cpu-total":
-        ordered = tree_order(rows_in)
+        ordered = _tree(rows_in)
     else:
         key = _MODULE_SORT.get(sort_by, "total")
         for r in rows_in:
             r["gpu_total"] = (r.get("gpu_forward") or 0.0) + (r.get("gpu_backward") or 0.0)
-        ordered = sorted(rows_in, key=lambda r: -(r.get(key) or 0.0))
+        ordered = [(r, 0) for r in sorted(rows_in, key=lambda r: -(r.get(key) or 0.0))]
     tree = sort_by == "cpu-total"
     rows = []
-    for r in ordered[: max(limit, 1) * 4 if tree else limit]:
-        indent = "  " * r.get("depth", 0) if tree else ""
+    for r, level in ordered[: max(limit, 1) * 4 if tree else limit]:
+        indent = "  " * level
         row = [
             indent + r["name"],
             str(r["calls"]),

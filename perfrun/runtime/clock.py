@@ -45,7 +45,9 @@ class PhaseClock:
             self.listener(kind, True, is_eval)
         stack.append([kind, t, 0.0, is_eval])
 
-    def exit(self) -> None:
+    def exit(self, failed: bool = False) -> None:
+        """The innermost phase ends; `failed` when the call raised (its time
+        still counts, but it completes nothing: see StepTracker.end)."""
         t = self.now()
         stack = self.stack
         if not stack:
@@ -59,7 +61,10 @@ class PhaseClock:
             stack[-1][2] += duration
         elif self.listener is not None:
             self.listener(kind, False, is_eval)
-        self.tracker.end(kind, t, duration - child, is_eval)
+        if failed:
+            self.tracker.end(kind, t, duration - child, is_eval, failed=True)
+        else:
+            self.tracker.end(kind, t, duration - child, is_eval)
 
     def abort(self) -> tuple[float, bool]:
         """Drop the innermost phase without counting it (a fetch that raised

@@ -5,7 +5,8 @@ Rules every wrapper follows:
 
 * The original is called exactly once, with the arguments it was given, and
   its result or exception is passed back untouched: a hook never changes what
-  the script does.
+  the script does. A call that raised still counts its time, but tells the
+  clock it failed (it closes no step).
 * perfrun's own code around the call runs under `try/except`; a fault is
   recorded (and reported after the run), never raised into the script.
 * The hot path is a couple of attribute reads and one clock read per edge.
@@ -88,13 +89,20 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except Exception as exc:
                 fault("forward", exc)
             try:
-                return orig_call(self, *args, **kwargs)
-            finally:
+                result = orig_call(self, *args, **kwargs)
+            except BaseException:
                 state.block -= 1
                 try:
-                    clock.exit()
+                    clock.exit(True)
                 except Exception as exc:
                     fault("forward", exc)
+                raise
+            state.block -= 1
+            try:
+                clock.exit()
+            except Exception as exc:
+                fault("forward", exc)
+            return result
 
         return __call__
 
@@ -111,13 +119,20 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except Exception as exc:
                 fault("backward", exc)
             try:
-                return orig(*args, **kwargs)
-            finally:
+                result = orig(*args, **kwargs)
+            except BaseException:
                 state.block -= 1
                 try:
-                    clock.exit()
+                    clock.exit(True)
                 except Exception as exc:
                     fault("backward", exc)
+                raise
+            state.block -= 1
+            try:
+                clock.exit()
+            except Exception as exc:
+                fault("backward", exc)
+            return result
 
         return backward
 
@@ -136,12 +151,18 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 except Exception as exc:
                     fault(where, exc)
                 try:
-                    return orig(*args, **kwargs)
-                finally:
+                    result = orig(*args, **kwargs)
+                except BaseException:
                     try:
-                        clock.exit()
+                        clock.exit(True)
                     except Exception as exc:
                         fault(where, exc)
+                    raise
+                try:
+                    clock.exit()
+                except Exception as exc:
+                    fault(where, exc)
+                return result
 
             return phase
 
@@ -207,7 +228,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except BaseException:
                 state.block -= 1
                 try:
-                    clock.exit()
+                    clock.exit(True)
                 except Exception as exc:
                     fault("dataloader", exc)
                 raise

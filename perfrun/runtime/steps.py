@@ -31,7 +31,9 @@ The rules (documented in the README):
   StopIteration are excluded in the same way; the latter also ends the
   current step when it has closed, since it marks the end of the loop body.
 * The last step ends where it closed (its optimizer step) if no leading
-  event follows; a step that never closed is incomplete and dropped.
+  event follows; a step that never closed is incomplete and dropped. A call
+  that raised closes nothing, so a run that dies inside `optimizer.step`
+  does not count the step it was in as done.
 """
 
 from __future__ import annotations
@@ -163,9 +165,12 @@ class StepTracker:
             self._open(t, kind, ident)
         return False
 
-    def end(self, kind: int, t: float, exclusive: float, is_eval: bool = False) -> None:
+    def end(
+        self, kind: int, t: float, exclusive: float, is_eval: bool = False, failed: bool = False
+    ) -> None:
         """A phase (top-level or nested) ends at `t` having taken `exclusive`
-        seconds of its own."""
+        seconds of its own. `failed`: the call raised, so it closes nothing
+        (an optimizer step that raised is no completed step)."""
         if is_eval:
             self.eval_last = t
             self.eval_tail = 0.0
@@ -177,7 +182,7 @@ class StepTracker:
         col = _COLUMN[kind]
         self.acc[col] += exclusive
         self.calls[col] += 1
-        if kind != ZERO and self._closes(kind):
+        if kind != ZERO and not failed and self._closes(kind):
             self.closed = True
             self.close_t = t
             self.excl_at_close = self.excl

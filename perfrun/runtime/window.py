@@ -52,6 +52,7 @@ class ProfilerWindow:
         self._exit = torch.ops.profiler._record_function_exit
         self.result: Optional[dict[str, Any]] = None
         self._cuda_capture = False
+        self._roots_known = 0
         # cudaProfilerStart/Stop calls (and where they would be, on CPU).
         self.capture: list[dict[str, Any]] = []
 
@@ -70,8 +71,12 @@ class ProfilerWindow:
         elif self.state == "running" and not reopened:
             self.prof.step()
             if index >= self.end:
-                self._stop()
+                self._stop(index - 1)
                 return
+            if len(self.agent.roots.ids) != self._roots_known:
+                # A model first called after the window opened (every model,
+                # where step 0 starts with a DataLoader fetch): hook it too.
+                self._attach_modules()
         if self.state == "running" and index >= self.start:
             self._step_handle = self._enter(f"{STEP_PREFIX}{index}", None)
 
@@ -117,12 +122,7 @@ class ProfilerWindow:
         )
         self.prof.start()
         self.state = "running"
-        ranges = self.agent.module_ranges
-        if ranges is not None:
-            try:
-                ranges.attach(self.agent.roots.alive())
-            except Exception as exc:
-                self.agent.record_fault("modules", exc)
+        self._attach_modules()
         if settings.nsys:
             # For `nsys --capture-range=cudaProfilerApi`: capture the window only.
             cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -131,7 +131,19 @@ class ProfilerWindow:
                 self._cuda_capture = True
             self.capture.append({"edge": "start", "step": index, "cuda": cuda})
 
-    def _stop(self) -> None:
+    def _attach_modules(self) -> None:
+        ranges = self.agent.module_ranges
+        if ranges is None:
+            return
+        self._roots_known = len(self.agent.roots.ids)
+        try:
+            ranges.detach()
+            ranges.attach(self.agent.roots.alive())
+        except Exception as exc:
+            self.agent.record_fault("modules", exc)
+
+    def _stop(self, last_step: Optional[int] = None) -> None:
+        """`last_step`: the last step captured (default: the last begun)."""
         prof, self.prof = self.prof, None
         ranges = self.agent.module_ranges
         if ranges is not None:
@@ -139,7 +151,8 @@ class ProfilerWindow:
         if self.agent.settings.nsys:
             if self._cuda_capture:
                 self.torch.cuda.profiler.stop()
-            self.capture.append({"edge": "stop", "step": self.last_index,
+            last = self.last_index if last_step is None else last_step
+            self.capture.append({"edge": "stop", "step": last,
                                  "cuda": self._cuda_capture})
             self._cuda_capture = False
         while self._handles:

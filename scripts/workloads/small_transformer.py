@@ -53,6 +53,8 @@ def report(name: str, marks: list[float], warmup: int) -> None:
         "steps": len(durations),
         "warmup": warmup,
         "torch": torch.__version__,
+        # Every timed step, so a reader can leave some out (a profiler window).
+        "step_s": [round(d, 9) for d in durations],
     }
     print("BENCH " + json.dumps(result), flush=True)
 

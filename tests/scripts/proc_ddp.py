@@ -1,5 +1,6 @@
 """A tiny DistributedDataParallel loop on gloo (CPU) for the process tests.
-`--raise-rank R --raise-at K` makes rank R raise at step K."""
+`--raise-rank R --raise-at K` makes rank R raise at step K; with
+`--others-wait` the other ranks sleep at that step instead of training on."""
 
 import argparse
 import os

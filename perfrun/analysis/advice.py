@@ -1,0 +1,704 @@
+"""Bottleneck advice: what the numbers above suggest trying next.
+
+The rules are the ones Paddle's performance guide walks through: is the loop
+waiting on its data (I/O-bound), on the host (CPU-bound) or on the GPU
+(GPU-bound); does it stall on synchronous copies; does one rank hold the
+others back; are the step times even stable enough to compare.
+
+Each rule is a pure function of `AdviceInputs` (numbers the report already
+computed, plus a few facts from the reference rank's file: its DataLoaders'
+settings, their start-up time, the machine's cores). A rule fires only when
+the numbers it rests on were measured: no GPU samples, no GPU advice; no
+detailed window, no synchronisation advice. Every `Advice` carries those
+numbers in `evidence` and quotes them in its message, so a reader can check
+it against the tables, and an `Advice` cannot be made without evidence.
+
+Thresholds (module constants, so tests and readers see one value):
+
+* I/O-bound: Reader Ratio (avg reader_cost / avg batch_cost) above 5%.
+* CPU-bound, GPU runs: a GPU the run used averaged under 80% utilisation.
+* CPU-bound, CPU-only runs: Others above 20% of the step. Others alone, not
+  Others + Dataloader: the DataLoader's share already has its own rule, and
+  counting it twice would send the reader after the same milliseconds under
+  two names. Others is what is left of the loop itself: Python between the
+  calls, logging, metrics, conversions.
+* GPU-bound: a GPU the run used averaged over 90% utilisation.
+* Synchronisation stalls: any synchronous copy per step in a detailed window
+  that recorded GPU activity (on a CPU, reading a value stalls nothing).
+* Slow rank: a rank more than 10% above the median rank in the step or in one
+  phase, and by at least 2% of the median step (a 50% difference in a phase
+  of 0.1 ms is noise, not a slow rank).
+* Unstable timing: coefficient of variation of the counted steps above 0.25,
+  or the slowest step more than 3x the median, over at least 5 steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from perfrun.analysis.summary import (
+    PHASE_TITLES,
+    RANK_QUANTITIES,
+    DeviceSummary,
+    ModelSummary,
+    MultiRankSummary,
+    PerfSummary,
+)
+
+if TYPE_CHECKING:
+    from perfrun.analysis.summary import Report
+    from perfrun.results import RankResult
+
+#: Reader Ratio (a fraction) above which the loop is I/O-bound.
+READER_RATIO_LIMIT = 0.05
+#: GPU utilisation (%) below which the GPU waits on the host.
+GPU_UTIL_LOW = 80.0
+#: GPU utilisation (%) above which the GPU is the bottleneck.
+GPU_UTIL_HIGH = 90.0
+#: Share of the step (%) in Others above which a CPU-only loop is held back
+#: by its own Python.
+OTHERS_SHARE_LIMIT = 20.0
+#: How much slower (%) than the median rank a rank must be.
+SLOW_RANK_LIMIT = 10.0
+#: ... and by how much at least, as a fraction of the median step time.
+SLOW_RANK_MIN_SHARE = 0.02
+#: Coefficient of variation of the step time above which timing is unstable.
+UNSTABLE_CV = 0.25
+#: Slowest step over median step above which timing is unstable.
+UNSTABLE_SPIKE = 3.0
+#: Fewer counted steps than this say nothing about spread.
+MIN_STEPS = 5
+#: DataLoader start-up worth keeping workers alive for: this fraction of the
+#: time the steps took.
+INIT_SHARE = 0.02
+
+#: Stable identifiers of the rules, in the order advice is given.
+KINDS = ("io-bound", "cpu-bound", "gpu-bound", "sync-stall", "slow-rank", "unstable-timing")
+
+KIND_TITLES = {
+    "io-bound": "I/O-bound",
+    "cpu-bound": "CPU-bound",
+    "gpu-bound": "GPU-bound",
+    "sync-stall": "Synchronisation stalls",
+    "slow-rank": "Slow rank",
+    "unstable-timing": "Unstable timing",
+}
+
+_LOADER_KEYS = (
+    "dataset",
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
+)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One finding. `message` says what was measured, with its numbers;
+    `actions` what to try; `evidence` the raw numbers (seconds, fractions,
+    percents as named) the message rests on."""
+
+    kind: str
+    message: str
+    evidence: dict[str, Any]
+    actions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KIND_TITLES:
+            raise ValueError(f"unknown advice kind {self.kind!r}")
+        if not self.evidence:
+            raise ValueError(f"{self.kind} advice without evidence")
+
+    @property
+    def title(self) -> str:
+        return KIND_TITLES[self.kind]
+
+    def text(self) -> str:
+        """One line for the reports: title, finding, what to try."""
+        line = f"{self.title}: {self.message}"
+        if self.actions:
+            line += " Try: " + "; ".join(self.actions) + "."
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "message": self.message,
+            "actions": list(self.actions),
+            "evidence": _plain(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class AdviceInputs:
+    """What the rules look at. Everything is optional: a rule whose numbers
+    are missing does not fire.
+
+    `uses_gpu` is True when the run's own records show CUDA work (GPU phase
+    timings): NVML lists every GPU of the host, used or not, so utilisation
+    alone does not say the run used a GPU. `dataloaders` are the settings of
+    the DataLoaders the reference rank iterated (rank file `dataloaders`),
+    `dataloader_init` its `extra.dataloader_init` ({calls, time}), `steps`
+    the steps it recorded, `cpu_count` its machine's cores and
+    `ranks_per_host` how many ranks share them. `window_summary` is the
+    detailed window's summary of `window_rank`.
+    """
+
+    perf: Optional[PerfSummary] = None
+    model: Optional[ModelSummary] = None
+    ranks: Optional[MultiRankSummary] = None
+    device: Optional[DeviceSummary] = None
+    uses_gpu: bool = False
+    dataloaders: Sequence[Mapping[str, Any]] = ()
+    dataloader_init: Optional[Mapping[str, Any]] = None
+    steps: int = 0
+    cpu_count: Optional[int] = None
+    ranks_per_host: int = 1
+    window: Optional[tuple[int, int]] = None
+    window_summary: Optional[Mapping[str, Any]] = None
+    window_rank: Optional[int] = None
+
+
+Rule = Callable[[AdviceInputs], list[Advice]]
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Evidence as JSON-ready values: tuples become lists, keys strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _finite(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _int(value: Any) -> Optional[int]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def duration(seconds: float) -> str:
+    """A time with three significant digits in a unit that suits it."""
+    for unit, factor in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
+        value = seconds * factor
+        if abs(value) >= 1.0 or unit == "us":
+            return f"{_sig(value)} {unit}"
+    return f"{seconds} s"  # pragma: no cover - the loop always returns
+
+
+def _sig(value: float) -> str:
+    if value == 0.0:
+        return "0"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:.{digits}f}"
+
+
+def _percent(value: float) -> str:
+    return f"{value:.1f}%"
+
+
+# -- I/O-bound -----------------------------------------------------------------------
+
+
+def _loader(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: raw.get(k) for k in _LOADER_KEYS}
+
+
+def _loader_settings(loader: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={loader[k]}" for k in _LOADER_KEYS[2:])
+
+
+def _loader_actions(
+    loader: Mapping[str, Any], inp: AdviceInputs, perf: PerfSummary
+) -> tuple[list[str], dict[str, Any]]:
+    """What to change in one DataLoader, and the numbers behind it."""
+    actions: list[str] = []
+    evidence: dict[str, Any] = {}
+    workers = _int(loader.get("num_workers"))
+    cores = _int(inp.cpu_count)
+    share = max(1, inp.ranks_per_host)
+    per_rank = cores // share if cores else None
+    if workers is not None:
+        if per_rank is None:
+            if workers == 0:
+                actions.append(
+                    "raise num_workers from 0 (e.g. 4) so batches are loaded in worker "
+                    "processes while the model runs"
+                )
+            else:
+                actions.append(f"raise num_workers from {workers}")
+        elif workers < per_rank:
+            evidence["cpu_count"] = cores
+            where = f"the machine's {cores} CPU cores"
+            if share > 1:
+                where += f" ({per_rank} for each of its {share} ranks)"
+                evidence["ranks_per_host"] = share
+            what = (
+                " so batches are loaded in worker processes while the model runs"
+                if workers == 0 else ""
+            )
+            actions.append(f"raise num_workers from {workers} toward {where}{what}")
+        else:
+            evidence["cpu_count"] = cores
+            actions.append(
+                f"num_workers={workers} already uses the {per_rank} cores available to this "
+                "rank: make the Dataset's __getitem__ cheaper (decode or augment once and "
+                "cache, smaller files, augmentation on the GPU)"
+            )
+    if loader.get("pin_memory") is False and inp.uses_gpu:
+        actions.append("pin_memory=True, so copies to the GPU come from page-locked memory")
+    init = inp.dataloader_init or {}
+    calls = _int(init.get("calls")) or 0
+    init_time = _finite(init.get("time")) or 0.0
+    batch_avg = perf.batch_cost.avg or 0.0
+    steps = max(inp.steps, perf.steps)
+    if (
+        loader.get("persistent_workers") is False
+        and workers
+        and calls > 1
+        and init_time > 0.0
+        and init_time >= INIT_SHARE * batch_avg * steps
+    ):
+        evidence["dataloader_init"] = {"calls": calls, "time": init_time}
+        actions.append(
+            f"persistent_workers=True: the iterator was created {calls} times and its "
+            f"start-up took {duration(init_time)} in all ({duration(init_time / calls)} "
+            "each), which persistent workers pay once"
+        )
+    factor = _int(loader.get("prefetch_factor"))
+    if workers and factor is not None:
+        actions.append(
+            f"a larger prefetch_factor (now {factor}) if some batches are much slower "
+            "to load than others"
+        )
+    return actions, evidence
+
+
+def io_bound(inp: AdviceInputs) -> list[Advice]:
+    """The loop waits on its data: Reader Ratio above `READER_RATIO_LIMIT`."""
+    perf = inp.perf
+    if perf is None or not perf.steps:
+        return []
+    ratio = _finite(perf.reader_ratio)
+    reader = _finite(perf.reader_cost.avg)
+    batch = _finite(perf.batch_cost.avg)
+    if ratio is None or reader is None or batch is None or not ratio > READER_RATIO_LIMIT:
+        return []
+    evidence: dict[str, Any] = {
+        "reader_ratio": ratio,
+        "threshold": READER_RATIO_LIMIT,
+        "reader_cost_avg": reader,
+        "batch_cost_avg": batch,
+        "steps": perf.steps,
+    }
+    message = (
+        f"Reader Ratio {ratio * 100:.3f}% (above {READER_RATIO_LIMIT * 100:g}%): "
+        f"each step waits {duration(reader)} for its batch out of {duration(batch)}."
+    )
+    loaders = [_loader(d) for d in inp.dataloaders if isinstance(d, Mapping)]
+    actions: list[str] = []
+    if loaders:
+        evidence["dataloaders"] = loaders
+        several = len(loaders) > 1
+        for loader in loaders:
+            name = loader.get("dataset") or "a dataset"
+            message += f" DataLoader over {name}: {_loader_settings(loader)}."
+            these, numbers = _loader_actions(loader, inp, perf)
+            evidence.update(numbers)
+            actions += [f"({name}) {a}" if several else a for a in these]
+    else:
+        actions.append(
+            "load the data in parallel with the model (a torch DataLoader with "
+            "num_workers > 0), or make each batch cheaper to produce"
+        )
+    return [Advice("io-bound", message, evidence, tuple(actions))]
+
+
+# -- CPU-bound / GPU-bound -------------------------------------------------------------
+
+
+def _active_gpus(device: Optional[DeviceSummary]) -> list[dict[str, Any]]:
+    """GPUs with a measured utilisation that ever rose above zero. NVML
+    lists every GPU of the host; one that never did any work was not this
+    run's."""
+    out: list[dict[str, Any]] = []
+    if device is None:
+        return out
+    for host in device.hosts:
+        for gpu in host.gpus:
+            avg = _finite(gpu.util_avg)
+            peak = _finite(gpu.util_max)
+            if avg is None or not (peak or avg):
+                continue
+            out.append(
+                {"host": host.hostname, "index": gpu.index, "name": gpu.name, "util_avg": avg}
+            )
+    return out
+
+
+def _gpu_names(gpus: Sequence[Mapping[str, Any]], several_hosts: bool) -> str:
+    parts = []
+    for g in gpus:
+        where = f"{g['host']} " if several_hosts else ""
+        parts.append(f"{where}GPU{g['index']} {_percent(g['util_avg'])}")
+    return ", ".join(parts)
+
+
+def _others(model: Optional[ModelSummary]) -> Optional[tuple[float, float, float]]:
+    """(Others share %, Others avg, step avg) of the Model Summary."""
+    if model is None or not model.steps:
+        return None
+    try:
+        others = model.row("Others")
+        step = model.row("ProfileStep")
+    except KeyError:
+        return None
+    share = _finite(others.cpu_ratio)
+    avg = _finite(others.cpu.avg)
+    step_avg = _finite(step.cpu.avg)
+    if share is None or avg is None or step_avg is None:
+        return None
+    return share, avg, step_avg
+
+
+def _cpu_only(inp: AdviceInputs) -> bool:
+    """A run known to use no GPU: it timed no GPU work and no GPU of the host
+    did any (a busy GPU the run did not time may still be its own, in
+    --timer-only runs, so that case gets no CPU-only advice either)."""
+    return not inp.uses_gpu and not _active_gpus(inp.device)
+
+
+def cpu_bound(inp: AdviceInputs) -> list[Advice]:
+    """The host holds the loop back: a GPU the run used averaged under
+    `GPU_UTIL_LOW`; on CPU-only runs, Others above `OTHERS_SHARE_LIMIT`."""
+    others = _others(inp.model)
+    if inp.uses_gpu:
+        gpus = _active_gpus(inp.device)
+        low = [g for g in gpus if g["util_avg"] < GPU_UTIL_LOW]
+        if not low:
+            return []
+        several_hosts = len({g["host"] for g in gpus}) > 1
+        evidence: dict[str, Any] = {"gpus": low, "threshold": GPU_UTIL_LOW}
+        message = (
+            f"average GPU utilisation below {GPU_UTIL_LOW:g}%: "
+            f"{_gpu_names(low, several_hosts)}; the GPU waits for the host to give it work."
+        )
+        if others is not None:
+            share, avg, step_avg = others
+            evidence.update(others_ratio=share, others_avg=avg, step_avg=step_avg)
+            message += (
+                f" Others (Python between the phases) is {_percent(share)} of the step "
+                f"({duration(avg)} of {duration(step_avg)})."
+            )
+        actions = (
+            "check the I/O and synchronisation advice, if any, first",
+            "fewer, larger kernels: a larger batch, torch.compile, or CUDA graphs cut "
+            "launch overhead",
+            "move per-step logging and metrics off the critical path",
+        )
+        return [Advice("cpu-bound", message, evidence, actions)]
+    if not _cpu_only(inp) or others is None:
+        return []
+    share, avg, step_avg = others
+    if not share > OTHERS_SHARE_LIMIT:
+        return []
+    evidence = {
+        "others_ratio": share,
+        "threshold": OTHERS_SHARE_LIMIT,
+        "others_avg": avg,
+        "step_avg": step_avg,
+        "steps": inp.model.steps if inp.model else 0,
+    }
+    message = (
+        f"Others is {_percent(share)} of each step ({duration(avg)} of {duration(step_avg)}; "
+        f"above {OTHERS_SHARE_LIMIT:g}%): time in none of the four phases, spent "
+        "by the loop's own Python between the calls."
+    )
+    actions = (
+        "log and compute metrics every N steps instead of every step",
+        "avoid per-step .item(), .tolist() and printing of tensors",
+        "see what runs between the phases in a detailed window (--scheduler START END)",
+    )
+    return [Advice("cpu-bound", message, evidence, actions)]
+
+
+def gpu_bound(inp: AdviceInputs) -> list[Advice]:
+    """The GPU is the bottleneck: a GPU the run used averaged over
+    `GPU_UTIL_HIGH`."""
+    if not inp.uses_gpu:
+        return []
+    gpus = _active_gpus(inp.device)
+    high = [g for g in gpus if g["util_avg"] > GPU_UTIL_HIGH]
+    if not high:
+        return []
+    several_hosts = len({g["host"] for g in gpus}) > 1
+    message = (
+        f"average GPU utilisation above {GPU_UTIL_HIGH:g}%: {_gpu_names(high, several_hosts)}; "
+        "the GPU is busy, so speed-ups must come from the work it does."
+    )
+    actions = (
+        "mixed precision (torch.autocast with bfloat16 or float16)",
+        "torch.compile to fuse kernels",
+        "find the kernels that dominate in a detailed window (--scheduler START END)",
+    )
+    return [Advice("gpu-bound", message, {"gpus": high, "threshold": GPU_UTIL_HIGH}, actions)]
+
+
+# -- synchronisation stalls ------------------------------------------------------------
+
+
+def _window_gpu_calls(summary: Mapping[str, Any]) -> int:
+    calls = 0
+    for entry in summary.get("overview") or []:
+        if isinstance(entry, Mapping) and entry.get("side") == "gpu":
+            calls += _int(entry.get("calls")) or 0
+    return calls
+
+
+def sync_stalls(inp: AdviceInputs) -> list[Advice]:
+    """Synchronous copies in the detailed window, when it saw GPU work."""
+    summary = inp.window_summary
+    if not isinstance(summary, Mapping):
+        return []
+    mm = summary.get("memory_manipulation")
+    if not isinstance(mm, Mapping):
+        return []
+    per_step = _finite(mm.get("sync_per_step"))
+    calls = _int(mm.get("sync_calls")) or 0
+    gpu_calls = _window_gpu_calls(summary)
+    if per_step is None or not per_step > 0.0 or calls <= 0 or gpu_calls <= 0:
+        return []
+    steps = _int(summary.get("steps"))
+    evidence: dict[str, Any] = {
+        "sync_calls": calls,
+        "sync_per_step": per_step,
+        "window_steps": steps,
+        "gpu_calls": gpu_calls,
+    }
+    where = "the detailed window"
+    if inp.window is not None:
+        evidence["window"] = list(inp.window)
+        where += f" [{inp.window[0]}, {inp.window[1]})"
+    if inp.window_rank is not None:
+        evidence["rank"] = inp.window_rank
+        where += f" of rank {inp.window_rank}"
+    over = f" over its {steps} steps" if steps else ""
+    message = (
+        f"{per_step:.2f} synchronous copies per step ({calls} in {where}{over}): each "
+        "makes the CPU wait until the GPU has finished all the work queued before it."
+    )
+    actions = (
+        "keep losses and metrics on the GPU and read them every N steps",
+        "avoid .item(), .cpu(), .tolist() and Python conditions on tensor values inside "
+        "the step",
+        "copy inputs with .to(device, non_blocking=True) from pinned memory",
+    )
+    return [Advice("sync-stall", message, evidence, actions)]
+
+
+# -- slow rank -------------------------------------------------------------------------------
+
+
+_QUANTITY_TITLES = {"step": "the step", "others": "Others", **PHASE_TITLES}
+
+_SLOW_ACTIONS = {
+    "dataloader": "check that rank's data shard and its host's disk and CPU",
+    "forward": "check that rank's GPU (clocks, temperature, other processes) and whether "
+    "its batches are larger",
+    "backward": "check that rank's GPU; in data-parallel training the ranks that wait for "
+    "a slow one show the wait in Backward (the gradient all-reduce)",
+    "optimization": "check that rank's GPU and whether it holds more parameters or "
+    "optimizer state than the others",
+    "others": "look for work only that rank does (logging, checkpointing, evaluation)",
+    "step": "every step waits for the slowest rank: compare its phases with the others' "
+    "in the Ranks table",
+}
+
+
+def _rank_values(ranks: MultiRankSummary, quantity: str) -> list[tuple[int, float]]:
+    out = []
+    for row in ranks.rows:
+        if not row.counted:
+            continue
+        if quantity == "step":
+            value = row.step_avg
+        elif quantity == "others":
+            value = row.others_avg
+        else:
+            value = row.phase_avg.get(quantity)
+        number = _finite(value)
+        if number is not None:
+            out.append((row.rank, number))
+    return out
+
+
+def slow_ranks(inp: AdviceInputs) -> list[Advice]:
+    """For the step and each phase, the rank furthest above the median rank,
+    when it is more than `SLOW_RANK_LIMIT` percent and `SLOW_RANK_MIN_SHARE`
+    of the median step above it; the largest differences first."""
+    ranks = inp.ranks
+    if ranks is None:
+        return []
+    step_median = _finite(ranks.across["step"].median) if "step" in ranks.across else None
+    if not step_median:
+        return []
+    found: list[tuple[float, Advice]] = []
+    for quantity in RANK_QUANTITIES:
+        values = _rank_values(ranks, quantity)
+        if len(values) < 2:
+            continue
+        median = _finite(ranks.across[quantity].median) if quantity in ranks.across else None
+        if median is None:
+            continue
+        rank, worst = max(values, key=lambda rv: (rv[1], -rv[0]))
+        excess = worst - median
+        if excess < SLOW_RANK_MIN_SHARE * step_median:
+            continue
+        percent = (worst / median - 1.0) * 100.0 if median > 0.0 else None
+        if percent is not None and not percent > SLOW_RANK_LIMIT:
+            continue
+        evidence = {
+            "rank": rank,
+            "quantity": quantity,
+            "value": worst,
+            "median": median,
+            "percent_slower": percent,
+            "threshold": SLOW_RANK_LIMIT,
+            "ranks_compared": len(values),
+            "median_step": step_median,
+        }
+        if quantity == "step":
+            what = f"takes {duration(worst)} a step"
+        else:
+            what = f"spends {duration(worst)} a step in {_QUANTITY_TITLES[quantity]}"
+        if percent is None:
+            than = "while the median rank spends none"
+        else:
+            than = f"{_percent(percent)} more than the median rank ({duration(median)})"
+        message = f"rank {rank} {what}, {than}, over {len(values)} ranks."
+        found.append((excess, Advice("slow-rank", message, evidence, (_SLOW_ACTIONS[quantity],))))
+    found.sort(key=lambda item: -item[0])
+    return [advice for _, advice in found]
+
+
+# -- unstable timing -------------------------------------------------------------------------
+
+
+def unstable_timing(inp: AdviceInputs) -> list[Advice]:
+    """Steps too uneven for their average to mean much: coefficient of
+    variation above `UNSTABLE_CV`, or the slowest step above `UNSTABLE_SPIKE`
+    times the median."""
+    perf = inp.perf
+    if perf is None:
+        return []
+    stats = perf.batch_cost
+    avg, stdev = _finite(stats.avg), _finite(stats.stdev)
+    median, peak = _finite(stats.median), _finite(stats.max)
+    if stats.n < MIN_STEPS or not avg or not median or stdev is None or peak is None:
+        return []
+    cv = stdev / avg
+    spike = peak / median
+    if not (cv > UNSTABLE_CV or spike > UNSTABLE_SPIKE):
+        return []
+    evidence = {
+        "steps": stats.n,
+        "avg": avg,
+        "stdev": stdev,
+        "median": median,
+        "max": peak,
+        "cv": cv,
+        "max_over_median": spike,
+        "cv_threshold": UNSTABLE_CV,
+        "spike_threshold": UNSTABLE_SPIKE,
+    }
+    cv_part = f"coefficient of variation {cv:.2f} (stdev {duration(stdev)} over avg {duration(avg)}"
+    cv_part += f"; above {UNSTABLE_CV})" if cv > UNSTABLE_CV else ")"
+    spike_part = f"slowest step {duration(peak)}, {spike:.1f}x the median {duration(median)}"
+    spike_part += f" (above {UNSTABLE_SPIKE:g}x)" if spike > UNSTABLE_SPIKE else ""
+    message = (
+        f"step times vary over the {stats.n} counted steps: {cv_part}; {spike_part}. "
+        "Averages and comparisons of such a run are unreliable."
+    )
+    actions = (
+        "look for periodic work (evaluation, checkpointing, logging, garbage collection)",
+        "keep input shapes fixed (padding or bucketing) so kernels are not re-tuned",
+        "check for other load on the machine (CPU(System) in the Device Summary)",
+        "a larger --warmup if the first counted steps are still warming up",
+    )
+    return [Advice("unstable-timing", message, evidence, actions)]
+
+
+#: The rules, in the order their advice is given.
+RULES: tuple[Rule, ...] = (io_bound, cpu_bound, gpu_bound, sync_stalls, slow_ranks, unstable_timing)
+
+
+def advise(inputs: AdviceInputs, rules: Iterable[Rule] = RULES) -> list[Advice]:
+    """Every rule's advice, in rule order."""
+    out: list[Advice] = []
+    for rule in rules:
+        out.extend(rule(inputs))
+    return out
+
+
+# -- from a report -----------------------------------------------------------------------------
+
+
+def _uses_gpu(report: Report, ranks: Sequence[RankResult]) -> bool:
+    if report.model is not None and report.model.has_gpu:
+        return True
+    return any(bool(r.data.get("gpu")) or bool(r.data.get("cuda")) for r in ranks)
+
+
+def inputs_for(
+    report: Report, ref: Optional[RankResult], ranks: Sequence[RankResult]
+) -> AdviceInputs:
+    """The rules' inputs from a built report and the rank files it came from
+    (`ref` is the rank whose Perf and Model Summaries the report shows)."""
+    data: Mapping[str, Any] = ref.data if ref is not None else {}
+    device = data.get("device")
+    cpu_count = _int(device.get("cpu_count")) if isinstance(device, Mapping) else None
+    host = (data.get("env") or {}).get("hostname")
+    on_host = sum(1 for r in ranks if (r.data.get("env") or {}).get("hostname") == host)
+    extra = data.get("extra")
+    init = extra.get("dataloader_init") if isinstance(extra, Mapping) else None
+    loaders = data.get("dataloaders")
+    window = report.window
+    reference = window.reference if window is not None else None
+    return AdviceInputs(
+        perf=report.perf,
+        model=report.model,
+        ranks=report.ranks,
+        device=report.device,
+        uses_gpu=_uses_gpu(report, ranks),
+        dataloaders=[d for d in loaders if isinstance(d, Mapping)]
+        if isinstance(loaders, list) else [],
+        dataloader_init=init if isinstance(init, Mapping) else None,
+        steps=report.title.steps_recorded,
+        cpu_count=cpu_count,
+        ranks_per_host=max(1, on_host) if host else 1,
+        window=tuple(window.window) if window is not None else None,
+        window_summary=reference.summary if reference is not None else None,
+        window_rank=reference.rank if reference is not None else None,
+    )

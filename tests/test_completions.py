@@ -1,0 +1,130 @@
+"""Shell completion: the committed scripts in completions/ are what the click
+app generates today, and the completion they call back into answers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPLETIONS = ROOT / "completions"
+GENERATOR = ROOT / "scripts" / "gen_completions.py"
+FILES = {"bash": "perfrun.bash", "zsh": "_perfrun", "fish": "perfrun.fish"}
+TIMEOUT = 120
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PERFRUN_SETTINGS", None)
+    env.pop("_PERFRUN_COMPLETE", None)
+    env.update(extra)
+    return env
+
+
+def _perfrun(**env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "perfrun"],
+        env=_env(**env),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def _generator(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(GENERATOR), *args],
+        env=_env(),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize("shell", sorted(FILES))
+def test_committed_script_is_what_click_generates(shell: str) -> None:
+    proc = _perfrun(_PERFRUN_COMPLETE=f"{shell}_source")
+    assert proc.returncode == 0, proc.stderr
+    committed = (COMPLETIONS / FILES[shell]).read_text(encoding="utf-8")
+    assert committed == proc.stdout, (
+        f"completions/{FILES[shell]} is out of date: run python scripts/gen_completions.py"
+    )
+
+
+def test_generator_reproduces_the_committed_files(tmp_path: Path) -> None:
+    proc = _generator("--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(FILES.values())
+    for name in FILES.values():
+        assert (tmp_path / name).read_bytes() == (COMPLETIONS / name).read_bytes(), name
+    assert _generator("--check").returncode == 0
+
+
+def test_generator_check_names_a_stale_file(tmp_path: Path) -> None:
+    for name in FILES.values():
+        shutil.copy(COMPLETIONS / name, tmp_path / name)
+    (tmp_path / "_perfrun").write_text("#compdef perfrun\n", encoding="utf-8")
+    proc = _generator("--check", "--output-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "out of date" in proc.stderr and "_perfrun" in proc.stderr
+    assert "perfrun.bash" not in proc.stderr
+    assert (tmp_path / "_perfrun").read_text(encoding="utf-8") == "#compdef perfrun\n"
+
+
+def test_scripts_register_for_perfrun() -> None:
+    bash = (COMPLETIONS / "perfrun.bash").read_text(encoding="utf-8")
+    zsh = (COMPLETIONS / "_perfrun").read_text(encoding="utf-8")
+    fish = (COMPLETIONS / "perfrun.fish").read_text(encoding="utf-8")
+    assert "complete -o nosort -F _perfrun_completion perfrun" in bash
+    assert zsh.startswith("#compdef perfrun\n")
+    assert "complete --no-files --command perfrun" in fish
+    for text in (bash, zsh, fish):
+        assert "_PERFRUN_COMPLETE=" in text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_script_parses() -> None:
+    proc = subprocess.run(["bash", "-n", str(COMPLETIONS / "perfrun.bash")],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("words", "cword", "expected"),
+    [
+        ("perfrun r", 1, ["plain,report", "plain,run"]),
+        ("perfrun run --sch", 2, ["plain,--scheduler"]),
+        ("perfrun report --format ", 3, ["plain,table", "plain,json", "plain,markdown"]),
+    ],
+)
+def test_completion_answers(words: str, cword: int, expected: list[str]) -> None:
+    proc = _perfrun(_PERFRUN_COMPLETE="bash_complete", COMP_WORDS=words, COMP_CWORD=str(cword))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == expected
+
+
+def test_installed_bash_completion_completes_options() -> None:
+    """The committed bash script, sourced, completes through a real `perfrun`."""
+    bin_dir = Path(sys.executable).parent
+    if shutil.which("bash") is None or not (bin_dir / "perfrun").exists():
+        pytest.skip("needs bash and the perfrun command next to this Python")
+    script = (
+        f"source {COMPLETIONS / 'perfrun.bash'}\n"
+        "COMP_WORDS=(perfrun run --time); COMP_CWORD=2\n"
+        "_perfrun_completion perfrun\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    env = _env(PATH=os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]))
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["--timer-only", "--time-unit"]
