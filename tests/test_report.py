@@ -88,6 +88,12 @@ time unit: ms   Avg / Max / Min: per step (5 steps)   Ratio(%): share of Profile
 CPU(Process) is the process's CPU time over all cores, so it can reach 100% x the number \
 of cores; CPU(System) is the whole machine, 0-100%.
 
+**Advice**
+
+- I/O-bound: Reader Ratio 5.208% (above 5%): each step waits 15.6 ms for its batch out of \
+300 ms. Try: load the data in parallel with the model (a torch DataLoader with num_workers > 0), \
+or make each batch cheaper to produce.
+
 **Outside the steps (whole run)**
 
 - Eval: 1 call, 0.500 s (4 forward calls, not counted in steps)

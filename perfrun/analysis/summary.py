@@ -364,7 +364,8 @@ def rank_problem(rank: RankResult, exit_status: Optional[int] = None) -> Optiona
     `exit_status` is the process's own exit status when the launcher saw it
     (one process, no torchrun). A process that exited normally yet never
     wrote its final record did not die: it replaced itself (`os.exec*`, so
-    the new program runs without perfrun) or left by `os._exit`.
+    the new program runs without perfrun), left by `os._exit`, or could not
+    write (perfrun then said so on its stderr).
     """
     n = len(rank.rows)
     status = rank.status
@@ -373,9 +374,9 @@ def rank_problem(rank: RankResult, exit_status: Optional[int] = None) -> Optiona
         when = f"after {_steps_phrase(n)}" if n else "before its first step"
         if exit_status is not None and exit_status >= 0:
             return (
-                f"exited with status {exit_status} {when} without saving its results: "
-                "it re-executed itself (os.exec*) or called os._exit, and perfrun "
-                "saw nothing after that"
+                f"exited with status {exit_status} {when} but never saved its final "
+                "results: it re-executed itself (os.exec*) or called os._exit, or "
+                "writing them failed (a full disk?)"
             )
         return f"died {when}"
     if status == "signalled":

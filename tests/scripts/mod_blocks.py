@@ -21,7 +21,9 @@ class Block(nn.Module):
     def __init__(self, width: int, slow_s: float) -> None:
         super().__init__()
         self.attn = nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
         self.slow_s = slow_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,352 @@
+"""Fault injection: when something breaks, the script behaves as it would
+without perfrun, and the report says what happened.
+
+* perfrun's own hooks failing (broken from inside the script) never reach
+  the script and are listed after the run;
+* the script's own exceptions, raised inside a call perfrun wraps, keep
+  their traceback and exit status;
+* a torchrun rank SIGKILLed mid-run keeps its flushed steps and is marked;
+* the disk filling up mid-run leaves the script alone;
+* training in a process perfrun never entered (python -I, os.exec*) is
+  reported as such, not as an empty run.
+
+Already covered in test_e2e_process.py, so not repeated here: a SIGKILLed
+single-process run, truncated and future-version results files, a log folder
+that cannot be created, and a failing user sitecustomize.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import E2E_TIMEOUT, e2e_environment
+
+from perfrun.analysis.summary import BOOTSTRAP_HINT
+from perfrun.exitcodes import ExitCode
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PERFRUN_DIR = Path(__file__).parent.parent / "perfrun"
+FAULTS_TITLE = "perfrun's own hooks failed (the script was not affected)"
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python ARGS...` in `cwd` with the shared end-to-end environment."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=e2e_environment(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=E2E_TIMEOUT,
+    )
+
+
+def perfrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run("-m", "perfrun", *args, cwd=cwd)
+
+
+def describe(result: subprocess.CompletedProcess[str]) -> str:
+    return (
+        f"exit {result.returncode}\n--- stdout ---\n{result.stdout}\n"
+        f"--- stderr ---\n{result.stderr}"
+    )
+
+
+def run_dir_of(log_dir: Path) -> Path:
+    runs = [p for p in log_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def rank_data(run_dir: Path, rank: int = 0) -> dict:
+    return json.loads((run_dir / f"rank{rank}.json").read_text())
+
+
+def script_stderr(stderr: str) -> list[str]:
+    """The script's own stderr: perfrun's closing lines taken off the end."""
+    lines = stderr.splitlines()
+    while lines and (lines[-1].startswith("perfrun: ") or not lines[-1].strip()):
+        lines.pop()
+    return lines
+
+
+def flat(text: str) -> str:
+    """Text with every run of whitespace made one space: the tables wrap
+    long lines at the terminal width."""
+    return " ".join(text.split())
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- perfrun's own faults ----------------------------------------------------------------
+
+INJECT = SCRIPTS / "fault_inject.py"
+INJECT_ARGS = ["--steps", "10", "--inject-at", "3", "--inject-steps", "3"]
+
+
+@pytest.fixture(scope="module")
+def plain_inject(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """The injection script under plain python (nothing to inject into)."""
+    tmp = tmp_path_factory.mktemp("plain_inject")
+    count = tmp / "count"
+    result = run(str(INJECT), "--target", "tracker.begin", *INJECT_ARGS,
+                 "--count-file", str(count), cwd=tmp)
+    assert result.returncode == 0, describe(result)
+    assert count.read_text() == "0"
+    return result
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        # Fails as each phase starts, before the script's own call.
+        "tracker.begin",
+        # Fails as each phase ends, after the script's call returned: its
+        # result must still reach the script (the printed losses show it).
+        "tracker.end",
+    ],
+)
+def test_fault_in_perfrun_hook_never_reaches_the_script(
+    tmp_path: Path, plain_inject: subprocess.CompletedProcess[str], target: str
+) -> None:
+    count = tmp_path / "count"
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), str(INJECT), "--target", target, *INJECT_ARGS,
+                     "--count-file", str(count), cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    # The script ran to its end with the same output, and saw no error.
+    assert result.stdout.startswith(plain_inject.stdout), describe(result)
+    assert script_stderr(result.stderr) == plain_inject.stderr.splitlines()
+    assert "Traceback" not in result.stderr
+    assert "injected" not in result.stderr
+    injected = int(count.read_text())
+    # Steps 3, 4 and 5 lose their phases (zero_grad, forward, backward and
+    # step in 3; those and the fetch in 4 and 5), and step 6 its fetch.
+    assert injected == 4 + 5 + 5 + 1
+
+    # The rank file keeps every fault, with its count.
+    data = rank_data(run_dir_of(log))
+    assert data["status"] == "finished"
+    faults = data["faults"]
+    assert {f["error"] for f in faults} == {"RuntimeError: injected"}
+    assert {f["where"] for f in faults} == {
+        "dataloader", "forward", "backward", "optimizer.step", "optimizer.zero_grad"
+    }
+    assert sum(f["count"] for f in faults) == injected
+    # The steps before the fault are intact.
+    assert len(data["steps"]["rows"]) >= 3
+
+    # And the report lists them after the tables.
+    report = result.stdout[len(plain_inject.stdout) :]
+    assert FAULTS_TITLE in report, describe(result)
+    section = report[report.index(FAULTS_TITLE) :]
+    for f in faults:
+        assert f"{f['where']}: RuntimeError: injected (x{f['count']})" in section, section
+
+
+# -- the script's own failures ---------------------------------------------------------------
+
+USER_ERROR = SCRIPTS / "fault_user_error.py"
+
+
+def traceback_frames(stderr: str) -> tuple[list[list[str]], list[str]]:
+    """The last traceback in `stderr`: its frames (each the `File` line and
+    the lines under it) and what follows them (the exception line)."""
+    lines = stderr.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Traceback "))
+    frames: list[list[str]] = []
+    rest: list[str] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("  File "):
+            frames.append([line])
+        elif line.startswith("    ") and frames and not rest:
+            frames[-1].append(line)
+        else:
+            rest.append(line)
+    return frames, rest
+
+
+def is_perfrun_frame(frame: list[str]) -> bool:
+    return frame[0].startswith(f'  File "{PERFRUN_DIR}{os.sep}')
+
+
+@pytest.mark.parametrize(
+    ("where", "wrapper"),
+    [
+        ("dataloader", "__next__"),
+        ("forward", "__call__"),
+        ("backward", "backward"),
+        ("optimizer", "phase"),
+    ],
+)
+def test_script_exception_inside_wrapped_call_keeps_its_traceback(
+    tmp_path: Path, where: str, wrapper: str
+) -> None:
+    """At step 2 the Dataset, the forward, an autograd backward or the
+    optimizer step raises ValueError, inside perfrun's wrapper.
+
+    What perfrun shows: the exit status and the exception line are
+    Python's; the traceback is Python's with exactly one frame added, the
+    wrapper perfrun put around the call (`perfrun/runtime/hooks.py`):
+    Python adds every frame an exception passes through, and the wrapper
+    calls the original. Every frame of the plain run is there, in order.
+    """
+    args = [str(USER_ERROR), "--where", where]
+    plain = run(*args, cwd=tmp_path)
+    log = tmp_path / "log"
+    under = perfrun("--log-dir", str(log), *args, cwd=tmp_path)
+
+    assert plain.returncode == 1, describe(plain)
+    assert under.returncode == plain.returncode, describe(under)
+    assert under.stdout.startswith(plain.stdout)
+    assert plain.stdout.splitlines()[-1] == "step 1 done"
+
+    plain_frames, plain_rest = traceback_frames(plain.stderr)
+    frames, rest = traceback_frames("\n".join(script_stderr(under.stderr)))
+    assert rest == plain_rest == [f"ValueError: user failure in {where} at step 2"]
+    added = [f for f in frames if is_perfrun_frame(f)]
+    assert [f for f in frames if not is_perfrun_frame(f)] == plain_frames
+    assert len(added) == 1, added
+    assert added[0][0].startswith(f'  File "{PERFRUN_DIR / "runtime" / "hooks.py"}", line ')
+    assert added[0][0].endswith(f", in {wrapper}")
+    # Everything the script printed before the traceback is unchanged too.
+    start = plain.stderr.index("Traceback ")
+    assert under.stderr[:start] == plain.stderr[:start]
+
+    # Two steps were done; the one that raised is not counted as a third,
+    # even when it raised inside the optimizer step that would close it.
+    data = rank_data(run_dir_of(log))
+    assert data["exit"]["exception"] == "ValueError"
+    assert data["faults"] == []
+    assert len(data["steps"]["rows"]) == 2
+    assert "rank 0: raised ValueError after 2 steps" in under.stdout
+
+
+def test_sys_exit_inside_forward_passes_its_status(tmp_path: Path) -> None:
+    args = [str(USER_ERROR), "--where", "forward", "--exit", "5"]
+    plain = run(*args, cwd=tmp_path)
+    log = tmp_path / "log"
+    under = perfrun("--log-dir", str(log), *args, cwd=tmp_path)
+    assert plain.returncode == 5
+    assert under.returncode == 5, describe(under)
+    assert under.stdout.startswith(plain.stdout)
+    assert script_stderr(under.stderr) == plain.stderr.splitlines()
+    data = rank_data(run_dir_of(log))
+    assert data["status"] == "finished"
+    assert data["exit"] == {"exception": None, "signal": None}
+    assert len(data["steps"]["rows"]) == 2
+
+
+# -- a rank killed under torchrun ------------------------------------------------------------
+
+
+def test_rank_sigkilled_under_torchrun_keeps_its_steps(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    done = tmp_path / "rank0-done"
+    result = perfrun(
+        "--log-dir", str(log), "--flush-interval", "0.2",
+        "--nproc-per-node", "2", "--master-port", str(free_port()),
+        str(SCRIPTS / "fault_rank_kill.py"), "--steps", "8", "--kill-at", "4",
+        "--done-file", str(done),
+        cwd=tmp_path,
+    )
+    # torchrun's own status for a failed worker.
+    assert result.returncode == 1, describe(result)
+    run_dir = run_dir_of(log)
+    killed = rank_data(run_dir, 1)
+    assert killed["status"] == "running"  # no final write, only flushes
+    assert len(killed["steps"]["rows"]) == 4
+    assert len(re.findall(r"^rank 1 step \d done$", result.stdout, flags=re.M)) == 4
+    fine = rank_data(run_dir, 0)
+    assert fine["status"] == "finished"
+    assert fine["exit"] == {"exception": None, "signal": None}
+    assert len(fine["steps"]["rows"]) == 8
+
+    assert "Ranks: 2" in result.stdout
+    assert re.search(r"^0\s+finished\s+8\s", result.stdout, flags=re.M), describe(result)
+    assert re.search(r"^1\s+died\s+4\s", result.stdout, flags=re.M), describe(result)
+    problems = result.stdout[result.stdout.index("Ranks with problems") :]
+    assert "rank 1: died after 4 steps" in problems
+    assert "rank 0:" not in problems
+
+
+# -- the disk fills up mid-run -------------------------------------------------------------------
+
+
+def test_full_disk_mid_run_leaves_the_script_alone(tmp_path: Path) -> None:
+    args = [str(SCRIPTS / "fault_disk_full.py"), "--steps", "8", "--full-at", "4"]
+    plain = run(*args, cwd=tmp_path)
+    assert plain.returncode == 0, describe(plain)
+    log = tmp_path / "log"
+    under = perfrun("--log-dir", str(log), "--flush-interval", "0.2", *args, cwd=tmp_path)
+    assert under.returncode == 0, describe(under)
+    assert under.stdout.startswith(plain.stdout)
+    assert script_stderr(under.stderr) == plain.stderr.splitlines()
+    # One line from perfrun in the script's process, then the launcher's.
+    said = under.stderr.splitlines()[len(plain.stderr.splitlines()) :]
+    assert said[0] == "perfrun: could not save results: [Errno 27] File too large", said
+    assert said[1:] == [f"perfrun: results saved in {run_dir_of(log)}"], said
+    assert "Traceback" not in under.stderr
+
+    # What was flushed before the disk filled up is kept and reported.
+    data = rank_data(run_dir_of(log))
+    assert data["status"] == "running"
+    assert len(data["steps"]["rows"]) == 4
+    assert ("rank 0: exited with status 0 after 4 steps but never saved its final results"
+            in flat(under.stdout)), describe(under)
+    assert "writing them failed (a full disk?)" in flat(under.stdout)
+
+
+# -- training where perfrun cannot be ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["exec", "spawn"])
+def test_training_in_an_isolated_interpreter_is_reported(tmp_path: Path, how: str) -> None:
+    """The script starts Python again with -I (no PYTHONPATH, so no
+    bootstrap) and trains there: by os.execv, or in a subprocess."""
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), str(SCRIPTS / "fault_reexec.py"), "--how", how,
+                     cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    assert "step 4 done\ntraining finished\n" in result.stdout
+    out = flat(result.stdout)
+    assert "perfrun: no PyTorch training loop was seen" in out
+    assert flat(BOOTSTRAP_HINT) in out
+    run_dir = run_dir_of(log)
+    data = rank_data(run_dir)
+    assert data["steps"]["rows"] == []
+    assert data["torch_imported"] is False
+    exec_problem = ("rank 0: exited with status 0 before its first step but never saved "
+                    "its final results: it re-executed itself (os.exec*)")
+    if how == "exec":
+        # The pid's first program never reached its exit handler: it is not
+        # reported as dead.
+        assert data["status"] == "running"
+        assert exec_problem in out
+        assert "died" not in out
+    else:
+        assert data["status"] == "finished"
+        assert "Ranks with problems" not in out
+
+    # `perfrun report` says the same, and that there is no measurement.
+    again = perfrun("report", str(run_dir), cwd=tmp_path)
+    assert again.returncode == ExitCode.NO_MEASUREMENT, describe(again)
+    assert flat(BOOTSTRAP_HINT) in flat(again.stdout)
+    assert (exec_problem in flat(again.stdout)) == (how == "exec")
