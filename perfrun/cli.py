@@ -256,7 +256,7 @@ def cli() -> None:
 
 @cli.command("run", context_settings={"ignore_unknown_options": True})
 @_run_options
-@click.argument("script", required=False)
+@click.argument("script", required=False, type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(**kwargs: Any) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) and print where its time went."""

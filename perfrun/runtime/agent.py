@@ -159,7 +159,7 @@ class Agent:
                 self._end_listeners.append(self.nvtx.step_end)
             except Exception as exc:
                 self.notes.append(f"NVTX ranges off: the nvtx package is unavailable ({exc})")
-        if self.window is not None or self.settings.nsys:
+        if self.window is not None or self._nsys_here():
             domain = self.nvtx.domain if self.nvtx is not None else None
             self.module_ranges = ModuleRanges(torch, self.settings.module_depth, domain,
                                               record=self.window is not None)
@@ -173,6 +173,13 @@ class Agent:
         self.window = ProfilerWindow(self, torch)
         self._begin_listeners.append(self.window.step_begin)
         self._end_listeners.append(self.window.step_end)
+
+    def _nsys_here(self) -> bool:
+        """Is this rank profiled by nsys (all ranks, or one of --nsys-ranks)?"""
+        if not self.settings.nsys:
+            return False
+        chosen = self.settings.nsys_ranks
+        return chosen is None or str(self.rank) in {r.strip() for r in chosen.split(",")}
 
     def _update_listener(self) -> None:
         edges = [x.edge for x in (self.nvtx, self.gpu_timer, self.window) if x is not None]

@@ -21,19 +21,30 @@ MAX_AUTO_DEPTH = 6
 
 def auto_depth(root: Any) -> int:
     """A depth that shows the model's main blocks: the smallest one with at
-    least 8 modules above it (GPT-2: `transformer.h.N`), or the leaves."""
+    least 8 modules above it (GPT-2: `transformer.h.N`), or the leaves; one
+    deeper when that depth holds a list of blocks (BERT's
+    `bert.encoder.layer`), which is never called itself."""
     counts: dict[int, int] = {}
-    for name, _ in root.named_modules():
+    containers: set[int] = set()
+    for name, module in root.named_modules():
         if name:
             d = name.count(".") + 1
             counts[d] = counts.get(d, 0) + 1
+            if type(module).__name__ in ("ModuleList", "ModuleDict") and any(
+                True for _ in module.children()
+            ):
+                containers.add(d)
     total = 0
     deepest = max(counts) if counts else 1
+    chosen = deepest
     for d in range(1, deepest + 1):
         total += counts.get(d, 0)
         if total >= 8:
-            return min(d, MAX_AUTO_DEPTH)
-    return min(deepest, MAX_AUTO_DEPTH)
+            chosen = d
+            break
+    if chosen in containers and chosen < deepest:
+        chosen += 1
+    return min(chosen, MAX_AUTO_DEPTH)
 
 
 def qualified_names(
