@@ -92,8 +92,11 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         try:
             from .baseline import save_baseline
 
-            save_baseline(outcome.run_dir, settings.save_baseline)
-            _say(f"baseline saved to {settings.save_baseline}")
+            runs = save_baseline(outcome.run_dir, settings.save_baseline)
+            _say(
+                f"baseline saved to {settings.save_baseline} ({runs} run"
+                f"{'' if runs == 1 else 's'} of this environment)"
+            )
         except (ResultsError, OSError) as exc:
             _say(f"error: could not save the baseline: {exc}")
     if settings.gated:
@@ -206,7 +209,14 @@ def compare(
         )
         return ExitCode.CONFIG
     comparison = compare_runs(
-        base_run, current_run, threshold, baseline, current, warmup=warmup, mismatches=mismatches
+        base_run,
+        current_run,
+        threshold,
+        baseline,
+        current,
+        warmup=warmup,
+        mismatches=mismatches,
+        base_history=baseline_mod.load_history(baseline),
     )
     with _destination(output) as stream:
         render_comparison(comparison, fmt, stream)

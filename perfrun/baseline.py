@@ -13,7 +13,7 @@ import json
 import os
 import statistics
 import subprocess
-from typing import Any
+from typing import Any, Optional
 
 from .results import (
     COL,
@@ -92,19 +92,70 @@ def mismatches(base: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return out
 
 
-def save_baseline(run_dir: str, path: str) -> None:
+#: Earlier runs a baseline file keeps, for the gate's run-to-run spread.
+KEEP_RUNS = 10
+
+
+def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
+    """Write `run_dir` as the baseline in `path`. An existing baseline of the
+    same environment keeps its earlier runs (up to `keep`), so saving a few
+    runs of the reference commit lets the gate see how much whole runs
+    differ. Returns the number of runs the file now holds."""
     run = read_run(run_dir)
+    fp = fingerprint(run)
+    history: list[dict[str, Any]] = []
+    previous = _read_doc(path)
+    if previous is not None and not mismatches(previous.get("fingerprint") or {}, fp):
+        earlier = {k: previous.get(k) for k in ("fingerprint", "meta", "ranks", "missing")}
+        history = [earlier, *(previous.get("history") or [])][: max(0, keep - 1)]
     doc = {
         "format": FORMAT,
         "version": VERSION,
-        "fingerprint": fingerprint(run),
+        "fingerprint": fp,
         "meta": run.meta,
         "ranks": [r.data for r in run.ranks],
         "missing": run.missing,
+        "history": history,
     }
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     atomic_write_text(path, json.dumps(doc))
+    return 1 + len(history)
+
+
+def _read_doc(path: str) -> Optional[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    if isinstance(doc, dict) and doc.get("format") == FORMAT and doc.get("version") == VERSION:
+        return doc
+    return None
+
+
+def load_history(path: str) -> list[RunResults]:
+    """The earlier runs a baseline file keeps (none for a results folder)."""
+    if os.path.isdir(path):
+        return []
+    doc = _read_doc(path)
+    if doc is None:
+        return []
+    out = []
+    for i, entry in enumerate(doc.get("history") or []):
+        try:
+            ranks = [validate(d, f"{path} (earlier run {i + 1})") for d in entry.get("ranks", [])]
+        except ResultsError:
+            continue
+        out.append(
+            RunResults(
+                run_dir=f"{path}#{i + 1}",
+                ranks=ranks,
+                meta=entry.get("meta") or {},
+                missing=list(entry.get("missing") or []),
+            )
+        )
+    return out
 
 
 def load(path: str) -> RunResults:

@@ -4,6 +4,7 @@ RunResults (a results folder or a baseline file, read by baseline.load)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -94,7 +95,10 @@ def compare_runs(
     current_label: str = "current",
     warmup: Optional[int] = None,
     mismatches: Optional[list[str]] = None,
+    base_history: Sequence[RunResults] = (),
 ) -> Comparison:
+    """`base_history`: earlier runs stored in the same baseline file; the
+    gate uses them to measure how much whole runs differ."""
     b = build_report(base, warmup=warmup)
     c = build_report(current, warmup=warmup)
     rows: list[Row] = []
@@ -135,5 +139,8 @@ def compare_runs(
         comparison.problem = f"the {which} has no measurement: {b.problem or c.problem}"
         return comparison
     if threshold is not None:
-        comparison.gate = gate(_gate_series(b, base), _gate_series(c, current), threshold)
+        others = [_gate_series(build_report(h, warmup=warmup), h) for h in base_history]
+        comparison.gate = gate(
+            _gate_series(b, base), _gate_series(c, current), threshold, other_runs=others
+        )
     return comparison

@@ -49,6 +49,8 @@ class GateResult:
     current_steps: int
     block: int
     reason: str
+    baseline_runs: int = 1
+    between_run_spread: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,8 @@ class GateResult:
             "current_steps": self.current_steps,
             "block_length": self.block,
             "reason": self.reason,
+            "baseline_runs": self.baseline_runs,
+            "between_run_spread": self.between_run_spread,
         }
 
 
@@ -118,20 +122,36 @@ def ratio_interval(
     current: Sequence[float],
     resamples: int = RESAMPLES,
     seed: int = SEED,
+    other_runs: Sequence[Sequence[float]] = (),
 ) -> tuple[float, float, float, int]:
     """(ratio, low, high, block): the ratio of median step times and its
-    percentile interval from independent block bootstraps of both runs."""
+    percentile interval from independent block bootstraps of both runs.
+    With `other_runs` (earlier baseline runs), the baseline's median is the
+    median of the runs' medians, each run resampled on its own."""
     rng = random.Random(seed)
-    block = max(block_length(baseline), block_length(current))
-    block = min(block, len(baseline), len(current))
-    b = _resample_medians(baseline, block, resamples, rng)
+    runs = [list(baseline), *[list(r) for r in other_runs if r]]
+    block = max([block_length(r) for r in runs] + [block_length(current)])
+    block = min([block, len(current)] + [len(r) for r in runs])
+    per_run = [_resample_medians(r, block, resamples, rng) for r in runs]
+    b = [statistics.median(vals) for vals in zip(*per_run)]
     c = _resample_medians(current, block, resamples, rng)
     ratios = sorted(cm / bm for bm, cm in zip(b, c) if bm > 0)
-    point = statistics.median(current) / statistics.median(baseline)
+    point = statistics.median(current) / statistics.median([statistics.median(r) for r in runs])
     alpha = (1.0 - CONFIDENCE) / 2.0
     lo = ratios[int(math.floor(alpha * (len(ratios) - 1)))]
     hi = ratios[int(math.ceil((1.0 - alpha) * (len(ratios) - 1)))]
     return point, lo, hi, block
+
+
+def between_run_spread(runs: Sequence[Sequence[float]]) -> Optional[float]:
+    """Standard deviation of the runs' log median step times: how much whole
+    runs of one workload differ (another process's memory layout, a
+    neighbour's load), which no resampling of one run's steps can see."""
+    medians = [statistics.median(r) for r in runs if r]
+    medians = [m for m in medians if m > 0]
+    if len(medians) < 2:
+        return None
+    return statistics.stdev(math.log(m) for m in medians)
 
 
 def gate(
@@ -139,9 +159,14 @@ def gate(
     current: Sequence[float],
     threshold: float,
     min_steps: int = MIN_STEPS,
+    other_runs: Sequence[Sequence[float]] = (),
 ) -> GateResult:
     """Decide PASS / FAIL / INCONCLUSIVE for `threshold` (0.05 = 5% slower
-    allowed)."""
+    allowed). `baseline` is the latest baseline run's steady step times,
+    `other_runs` earlier runs of the same baseline: with two or more runs in
+    all, the interval also widens by their run-to-run spread, which is what
+    keeps the false-alarm rate down on shared machines."""
+    other_runs = [r for r in other_runs if len(r) >= min_steps]
     nb, nc = len(baseline), len(current)
     if nb < min_steps or nc < min_steps:
         which = []
@@ -173,29 +198,40 @@ def gate(
             0,
             "the baseline's median step time is zero",
         )
-    ratio, lo, hi, block = ratio_interval(baseline, current)
+    ratio, lo, hi, block = ratio_interval(baseline, current, other_runs=other_runs)
+    runs = 1 + len(other_runs)
+    spread = between_run_spread([baseline, *other_runs])
+    if spread is not None and ratio > 0 and lo > 0:
+        # Combine in log space: the bootstrap's half-width (within runs) and
+        # the run-to-run spread of one new run against the mean of `runs`.
+        z = 1.959964
+        within = (math.log(hi) - math.log(lo)) / (2 * z)
+        between = spread * math.sqrt(1.0 + 1.0 / runs)
+        half = z * math.sqrt(within * within + between * between)
+        lo, hi = ratio * math.exp(-half), ratio * math.exp(half)
     limit = 1.0 + threshold
     pct = f"{(ratio - 1) * 100:+.1f}%"
     ci = f"95% CI [{(lo - 1) * 100:+.1f}%, {(hi - 1) * 100:+.1f}%]"
+    basis = (
+        f"; baseline of {runs} runs, run-to-run spread {spread * 100:.1f}%"
+        if spread is not None
+        else "; one baseline run: run-to-run variation is not accounted for"
+    )
     if lo > limit:
-        verdict, reason = (
-            Verdict.FAIL,
-            (f"median step time {pct} ({ci}): slower than the {threshold * 100:g}% allowed"),
+        verdict = Verdict.FAIL
+        reason = (
+            f"median step time {pct} ({ci}{basis}): slower than the {threshold * 100:g}% allowed"
         )
     elif hi < limit:
-        verdict, reason = (
-            Verdict.PASS,
-            (f"median step time {pct} ({ci}): within the {threshold * 100:g}% allowed"),
-        )
+        verdict = Verdict.PASS
+        reason = f"median step time {pct} ({ci}{basis}): within the {threshold * 100:g}% allowed"
     else:
-        verdict, reason = (
-            Verdict.INCONCLUSIVE,
-            (
-                f"median step time {pct} ({ci}): the interval straddles the "
-                f"{threshold * 100:g}% limit; too noisy to decide (run more steps)"
-            ),
+        verdict = Verdict.INCONCLUSIVE
+        reason = (
+            f"median step time {pct} ({ci}{basis}): the interval straddles the "
+            f"{threshold * 100:g}% limit; too noisy to decide (run more steps)"
         )
-    return GateResult(verdict, ratio, lo, hi, threshold, nb, nc, block, reason)
+    return GateResult(verdict, ratio, lo, hi, threshold, nb, nc, block, reason, runs, spread)
 
 
 def parse_threshold(text: str) -> float:

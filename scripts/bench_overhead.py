@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD_DIR = os.path.join(HERE, "workloads")
@@ -476,32 +476,36 @@ def startup_table(rows: list[dict[str, Any]]) -> str:
     return table(["script", "mode", "python", "perfrun", "added", "added range"], out)
 
 
-def print_report(doc: dict[str, Any]) -> None:
+def print_report(doc: dict[str, Any], out: TextIO) -> None:
     m = doc["machine"]
     load = m["loadavg_start"], m["loadavg_end"]
     print(
         f"perfrun overhead ({'quick, ' if doc['quick'] else ''}{doc['pairs']} pairs per "
         f"configuration; python {m['python']}, torch {m['torch'] or '?'}, {m['cpus']} CPUs; "
         f"load average {_fmt_load(load[0])} at start, {_fmt_load(load[1])} at end; "
-        f"{doc['elapsed_s'] / 60:.1f} min)"
+        f"{doc['elapsed_s'] / 60:.1f} min)",
+        file=out,
     )
     if doc["steps"]:
         print(
             "\nStep time as each workload measures it (its median step; python and perfrun "
-            "columns are medians over runs, the rest over pairs)"
+            "columns are medians over runs, the rest over pairs)",
+            file=out,
         )
-        print(step_table(doc["steps"]))
+        print(step_table(doc["steps"]), file=out)
     if doc["startup"]:
-        print("\nLauncher start-up: wall time of a whole run (medians over pairs)")
-        print(startup_table(doc["startup"]))
+        print("\nLauncher start-up: wall time of a whole run (medians over pairs)", file=out)
+        print(startup_table(doc["startup"]), file=out)
     if doc["targets"]:
-        print("\nTargets")
+        print("\nTargets", file=out)
         for c in doc["targets"]:
             noisy = "  (pairs fall on both sides of the limit: noisy)" if c["noisy"] else ""
-            print(f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['target']}: {c['text']}{noisy}")
-    print("\nNotes")
+            print(
+                f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['target']}: {c['text']}{noisy}", file=out
+            )
+    print("\nNotes", file=out)
     for note in doc["notes"]:
-        print(f"  - {note}")
+        print(f"  - {note}", file=out)
 
 
 def explanation(rows: list[dict[str, Any]], runs: list[RunResult]) -> list[str]:
@@ -526,6 +530,20 @@ def explanation(rows: list[dict[str, Any]], runs: list[RunResult]) -> list[str]:
         if missing:
             note += f" WARNING: {missing} run(s) recorded no window."
         notes.append(note)
+    # perfrun must have seen every step the workload ran, or its hooks were
+    # not (all) at work and the figures understate its cost.
+    short = [
+        r
+        for r in runs
+        if r.options is not None
+        and r.bench is not None
+        and (r.perfrun is None or r.perfrun["steps"] < r.bench["warmup"] + r.bench["steps"])
+    ]
+    if short:
+        notes.append(
+            f"WARNING: in {len(short)} run(s) perfrun recorded fewer steps than the workload "
+            "ran (or no results): its hooks were not all at work there."
+        )
     notes += [f"perfrun: {n}" for n in perfrun_notes(runs)]
     return notes
 
@@ -622,7 +640,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "targets": verdicts(rows, startup),
         "notes": explanation(rows, runs),
     }
-    print_report(doc)
+    # With --json - the JSON owns standard output and the table goes to stderr.
+    print_report(doc, sys.stderr if args.json == "-" else sys.stdout)
     text = json.dumps(doc, indent=1)
     if args.json == "-":
         print(text)

@@ -131,6 +131,26 @@ def measure(args: argparse.Namespace, work: str) -> dict[str, Any]:
             counts[gate.verdict.value] += 1
             pairs.append({"baseline": i, "current": j, **gate.to_dict()})
 
+    # The same, with baselines of several runs (what repeated --save-baseline
+    # builds): each run against the K runs that follow it, cyclically.
+    k = min(args.baseline_runs, len(runs) - 1)
+    pooled = {v.value: 0 for v in Verdict}
+    pooled_pairs: list[dict[str, Any]] = []
+    if k >= 2:
+        for j, current in enumerate(runs):
+            members = [(j + 1 + m) % len(runs) for m in range(k)]
+            comparison = compare_runs(
+                runs[members[0]],
+                current,
+                threshold,
+                base_history=[runs[m] for m in members[1:]],
+            )
+            if comparison.gate is not None:
+                pooled[comparison.gate.verdict.value] += 1
+                pooled_pairs.append(
+                    {"baseline": members, "current": j, **comparison.gate.to_dict()}
+                )
+
     decided = len(pairs) - problems
     fails = counts[Verdict.FAIL.value]
     return {
@@ -153,6 +173,17 @@ def measure(args: argparse.Namespace, work: str) -> dict[str, Any]:
         "no_measurement": problems,
         "false_alarm_rate": fails / decided if decided else None,
         "pair_results": pairs,
+        "baseline_runs": k if k >= 2 else None,
+        "pooled": {
+            "comparisons": len(pooled_pairs),
+            "fail": pooled[Verdict.FAIL.value],
+            "inconclusive": pooled[Verdict.INCONCLUSIVE.value],
+            "pass": pooled[Verdict.PASS.value],
+            "false_alarm_rate": (
+                pooled[Verdict.FAIL.value] / len(pooled_pairs) if pooled_pairs else None
+            ),
+            "results": pooled_pairs,
+        },
     }
 
 
@@ -177,6 +208,15 @@ def print_summary(result: dict[str, Any]) -> None:
         "false-alarm rate:   "
         + (f"{rate * 100:.1f}% ({result['fail']}/{result['pairs']})" if rate is not None else "-")
     )
+    pooled = result.get("pooled") or {}
+    if pooled.get("comparisons"):
+        rate = pooled["false_alarm_rate"]
+        print(
+            f"\nwith baselines of {result['baseline_runs']} runs (repeated --save-baseline): "
+            f"{pooled['comparisons']} comparisons, FAIL {pooled['fail']}, INCONCLUSIVE "
+            f"{pooled['inconclusive']}, PASS {pooled['pass']}, false-alarm rate "
+            f"{rate * 100:.1f}%"
+        )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -196,6 +236,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         nargs=argparse.REMAINDER,
         metavar="FILE [ARGS...]",
         help="profile this script instead of the built-in workload (must come last)",
+    )
+    parser.add_argument(
+        "--baseline-runs",
+        type=int,
+        default=3,
+        metavar="K",
+        help="also gate each run against baselines of K other runs (default 3)",
     )
     parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     parser.add_argument("--keep", metavar="DIR", help="keep the runs' results in DIR")

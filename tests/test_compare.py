@@ -202,7 +202,7 @@ def pair(work: Runs) -> Runs:
     second = finish(b, b_args)
     assert first.returncode == 0, first.describe()
     assert second.returncode == 0, second.describe()
-    assert "perfrun: baseline saved to base.json" in first.err_lines(), first.describe()
+    assert "perfrun: baseline saved to base.json (1 run of this environment)" in first.err_lines(), first.describe()
     return work
 
 
@@ -305,6 +305,7 @@ def test_compare_without_a_threshold_only_shows_the_change(slow: Runs) -> None:
 def test_a_gated_run_fails_on_a_regression(pair: Runs) -> None:
     done = perfrun(
         pair.work,
+        "run",
         *train(
             "gated-log",
             "--slow-ms",

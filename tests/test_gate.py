@@ -257,3 +257,29 @@ def test_mismatches_ignores_what_is_expected_to_differ() -> None:
 def test_mismatches_compares_the_script_by_name() -> None:
     found = mismatches(fingerprint(), fingerprint(script="/home/ci/work/finetune.py"))
     assert found == ["script: baseline 'train.py', current 'finetune.py'"]
+
+
+def test_earlier_baseline_runs_widen_the_interval_by_their_spread() -> None:
+    # Whole runs of one workload differ (here by up to +-6%); steps within a
+    # run barely vary, so a one-run baseline sees a tight interval and calls
+    # an 8% slower run a regression. With the earlier runs stored in the
+    # baseline the gate knows runs move that much and does not fire.
+    rng = random.Random(7)
+
+    def run(level: float) -> list[float]:
+        return [level * (1 + rng.gauss(0, 0.002)) for _ in range(200)]
+
+    baseline_runs = [run(0.010 * f) for f in (1.0, 1.06, 0.94, 1.03, 0.97)]
+    current = run(0.0108)
+    alone = gate(baseline_runs[0], current, 0.05)
+    assert alone.verdict == Verdict.FAIL
+    assert alone.baseline_runs == 1 and alone.between_run_spread is None
+    pooled = gate(baseline_runs[0], current, 0.05, other_runs=baseline_runs[1:])
+    assert pooled.verdict != Verdict.FAIL
+    assert pooled.baseline_runs == 5
+    assert pooled.between_run_spread is not None and 0.03 < pooled.between_run_spread < 0.06
+    assert pooled.low < alone.low and pooled.high > alone.high
+    # A real regression still fails against the pooled baseline.
+    assert gate(baseline_runs[0], run(0.016), 0.05, other_runs=baseline_runs[1:]).verdict == (
+        Verdict.FAIL
+    )

@@ -149,7 +149,7 @@ def test_phase_matches_the_truth_on_the_median_step(phases: TruthRun, phase: str
     busy = phases.truth["busy"][phase][phases.warmup :]
     # Never less than the busy-wait inside it, on any step.
     assert all(m >= b - FLOAT_SLACK for m, b in zip(measured, busy)), (measured, busy)
-    assert min(busy) >= NOMINAL_MS[phase] / 1000.0
+    assert min(busy) >= NOMINAL_MS[phase] / 1000.0 - FLOAT_SLACK
     # The number the Model Summary prints, against the script's stopwatch.
     shown = phases.model_row(phase.capitalize())["cpu"]["median"]
     assert shown == pytest.approx(median(measured), abs=1e-12)
@@ -162,7 +162,7 @@ def test_others_is_the_untimed_work(phases: TruthRun) -> None:
     measured = [others_time(row) for row in counted]
     busy = phases.truth["busy"]["untimed"][phases.warmup :]
     assert all(m >= b - FLOAT_SLACK for m, b in zip(measured, busy)), (measured, busy)
-    assert min(busy) >= UNTIMED_MS / 1000.0
+    assert min(busy) >= UNTIMED_MS / 1000.0 - FLOAT_SLACK
     shown = phases.model_row("Others")["cpu"]["median"]
     assert shown == pytest.approx(median(measured), abs=1e-12)
     truth = median(phases.truth["stopwatch"]["others"][phases.warmup :])

@@ -6,7 +6,7 @@ process is small, so step time is set by the data pipeline.
 
 The script times its own steady-state steps (fetch included) with
 time.perf_counter and ends with one line:
-    BENCH {"median_step_s": ..., "steps": N, ...}
+    BENCH {"median_step_s": ..., "steps": N, ..., "step_s": [each timed step]}
 """
 
 from __future__ import annotations

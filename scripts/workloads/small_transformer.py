@@ -6,7 +6,7 @@ takes a few tens of milliseconds on one CPU thread.
 
 Batches of random tokens come from a plain list. The script times its own
 steady-state steps with time.perf_counter and ends with one line:
-    BENCH {"median_step_s": ..., "steps": N, ...}
+    BENCH {"median_step_s": ..., "steps": N, ..., "step_s": [each timed step]}
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ millisecond on CPU, so any fixed per-step cost of a profiler dominates.
 
 Batches come from a plain list (no DataLoader). The script times its own
 steady-state steps with time.perf_counter and ends with one line:
-    BENCH {"median_step_s": ..., "steps": N, ...}
+    BENCH {"median_step_s": ..., "steps": N, ..., "step_s": [each timed step]}
 """
 
 from __future__ import annotations
