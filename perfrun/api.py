@@ -42,10 +42,12 @@ def render_run(
     warmup: Optional[int],
     view: Optional[dict[str, Any]] = None,
 ) -> Any:
+    run = read_run(run_dir)
+    if fmt == "table" and output is None and _never_imported_torch(run):
+        return _print_no_torch(run)
     from .analysis.summary import build_report
     from .report import render
 
-    run = read_run(run_dir)
     report = build_report(run, warmup=warmup)
     report.view = dict(view or {})
     with _destination(output) as stream:
@@ -70,6 +72,34 @@ def render_run(
     if output is not None:
         _say(f"report written to {output}")
     return report
+
+
+def _never_imported_torch(run: Any) -> bool:
+    """A run whose every rank finished without importing torch: there is
+    nothing to analyse, so the report needs none of the analysis or table
+    machinery (and a script that never imports torch is not slowed by it)."""
+    return bool(run.ranks) and not run.missing and all(
+        not r.rows and not r.data.get("torch_imported") and r.status == "finished"
+        and not (r.data.get("exit") or {}).get("exception")
+        for r in run.ranks
+    )
+
+
+def _print_no_torch(run: Any) -> Any:
+    """Print the short report; return what stands for it (its `problem`)."""
+    import types
+
+    from .schema import BOOTSTRAP_HINT, NO_TORCH
+
+    command = run.meta.get("command")
+    lines = []
+    if command:
+        lines.append("Command: " + " ".join(command))
+    lines += [f"Results: {run.run_dir}", "", f"perfrun: {NO_TORCH}", "", "Notes",
+              f"  - {BOOTSTRAP_HINT}", ""]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    return types.SimpleNamespace(problem=NO_TORCH)
 
 
 def run_and_report(settings: Settings, command_line: Optional[list[str]] = None) -> int:

@@ -8,12 +8,9 @@ exactly those of `python script.py`. perfrun itself never imports torch.
 
 from __future__ import annotations
 
-import datetime
-import importlib.machinery
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +55,8 @@ def check_target(settings: Settings) -> None:
             )
     elif settings.module is not None:
         # Look the top-level package up without importing anything.
+        import importlib.machinery
+
         top = settings.module.split(".")[0]
         search = [os.getcwd()] + [p for p in sys.path if p]
         if (
@@ -67,6 +66,8 @@ def check_target(settings: Settings) -> None:
             raise LaunchError(f"no module named {settings.module!r}", ExitCode.NO_SCRIPT)
     else:
         raise LaunchError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...]", 2)
+    import shutil  # only here: every import is start-up time
+
     if settings.nsys and shutil.which("nsys") is None:
         raise LaunchError(
             "--nsys: the nsys executable (Nsight Systems) is not on PATH; install it or "
@@ -81,7 +82,7 @@ def prepare_run_dir(log_dir: str) -> str:
     hours of training."""
     from .exitcodes import ExitCode
 
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         os.makedirs(log_dir, exist_ok=True)
         run_dir = os.path.join(log_dir, f"{stamp}-{os.getpid()}")

@@ -16,39 +16,16 @@ import glob
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMAT = "perfrun-results"
-VERSION = 1
+from .schema import COL, FORMAT, GPU_COLUMNS, PHASES, STEP_COLUMNS, VERSION, rank_filename
 
-# Step columns, in row order. Phase times are exclusive (a phase nested in
-# another is subtracted from its parent); `excluded` is time inside the step's
-# span that is not part of the step (evaluation passes, DataLoader iterator
-# creation and exhaustion), so step time = end - start - excluded.
-STEP_COLUMNS = (
-    "start",
-    "end",
-    "dataloader",
-    "forward",
-    "backward",
-    "optimization",
-    "excluded",
-    "dataloader_calls",
-    "forward_calls",
-    "backward_calls",
-    "optimization_calls",
-    "samples",
-    "gpu_dataloader",
-    "gpu_forward",
-    "gpu_backward",
-    "gpu_optimization",
-    "gpu_step",
-)
-COL = {name: i for i, name in enumerate(STEP_COLUMNS)}
-PHASES = ("dataloader", "forward", "backward", "optimization")
-GPU_COLUMNS = tuple("gpu_" + p for p in PHASES) + ("gpu_step",)
+__all__ = [
+    "COL", "FORMAT", "GPU_COLUMNS", "PHASES", "STEP_COLUMNS", "VERSION", "rank_filename",
+    "ResultsError", "RankResult", "RunResults", "atomic_write_text", "read_rank_file",
+    "read_run", "resolve_run_dir", "find_rank_files", "validate",
+]
 
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
 
@@ -57,8 +34,7 @@ class ResultsError(Exception):
     """Results cannot be read; the message is one line for the user."""
 
 
-def rank_filename(rank: int, restart: int = 0) -> str:
-    return f"rank{rank}.json" if restart == 0 else f"rank{rank}.restart{restart}.json"
+_COUNTER = 0
 
 
 def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
@@ -66,9 +42,11 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
     never sees half a file. `durable` adds an fsync, kept for the final write:
     periodic flushes only need to survive the process, not the machine."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    global _COUNTER
+    _COUNTER += 1
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{_COUNTER}-{os.path.basename(path)}")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             if durable:
@@ -81,19 +59,6 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
         except OSError:
             pass
         raise
-
-
-_UMASK: list[int] = []
-
-
-def _umask() -> int:
-    # Read once: os.umask can only be read by setting it, which must never
-    # happen from the flush thread while the script creates files.
-    if not _UMASK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        _UMASK.append(mask)
-    return _UMASK[0]
 
 
 @dataclass

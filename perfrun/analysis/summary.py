@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from perfrun.analysis.stats import Rate, Stats, default_warmup
 from perfrun.results import COL, PHASES, RankResult, RunResults
+from perfrun.schema import BOOTSTRAP_HINT, NO_TORCH
 
 Row = Sequence[Any]
 
@@ -889,17 +890,8 @@ def _no_measurement(run: RunResults) -> Optional[str]:
     if any(r.rows for r in run.ranks):
         return None
     if not any(r.data.get("torch_imported") for r in run.ranks):
-        return "no PyTorch training loop was seen: the script never imported torch"
+        return NO_TORCH
     return "no PyTorch training loop was seen: no forward, backward or optimizer step ran"
-
-
-#: Said when perfrun saw no torch at all: the likeliest reason in a script
-#: that does train is that it trains in a process perfrun never entered.
-BOOTSTRAP_HINT = (
-    "perfrun measures only the Python process it starts (under torchrun, its "
-    "workers): training in a process the script starts itself (python -E, -I or -S, "
-    "subprocess, multiprocessing) or after it re-executes itself (os.exec*) is not measured"
-)
 
 
 def _launcher_exit_status(run: RunResults) -> Optional[int]:

@@ -44,14 +44,14 @@ def _start():
             return
         _restore_environment(payload, here)
         try:
-            from perfrun.runtime import agent
+            from perfrun.runtime import lite
         except ImportError:
             root = payload.get("package_root")
             if not root:
                 raise
             sys.path.append(root)
-            from perfrun.runtime import agent
-        agent.boot(payload)
+            from perfrun.runtime import lite
+        lite.boot(payload)
     except Exception as exc:  # never break the user's interpreter
         try:
             sys.stderr.write(

@@ -9,7 +9,6 @@ the results and reported by the launcher after the run.
 from __future__ import annotations
 
 import atexit
-import importlib.abc
 import json
 import os
 import platform
@@ -35,43 +34,13 @@ _GPU_COL = COL["gpu_dataloader"]
 _SAMPLES_COL = COL["samples"]
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Runs a callback right after `import torch` finishes (a post-import
-    hook), so a script that never imports torch never pays for perfrun."""
-
-    def __init__(self, callback: Callable[[Any], None]) -> None:
-        self.callback = callback
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        loader = spec.loader
-        original = loader.exec_module
-        callback = self.callback
-
-        def exec_module(module: Any) -> None:
-            original(module)
-            callback(module)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 class Agent:
-    def __init__(self, payload: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        payload: dict[str, Any],
+        t0: Optional[float] = None,
+        t0_unix: Optional[float] = None,
+    ) -> None:
         self.settings = Settings.from_json(json.dumps(payload))
         self.payload = payload
         env = os.environ
@@ -81,8 +50,9 @@ class Agent:
         self.restart = _int(env.get("TORCHELASTIC_RESTART_COUNT"), 0)
         self.run_dir = payload["run_dir"]
         self.path = os.path.join(self.run_dir, rank_filename(self.rank, self.restart))
-        self.t0 = perf_counter()
-        self.t0_unix = time.time()
+        # The rank's clock starts at boot, before the script ran.
+        self.t0 = perf_counter() if t0 is None else t0
+        self.t0_unix = time.time() if t0_unix is None else t0_unix
         self.hooks_state = HookState()
         self.tracker = StepTracker(self.settings.step_on, self._step_begin, self._step_end)
         self.clock = PhaseClock(self.tracker)
@@ -125,7 +95,6 @@ class Agent:
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         os.register_at_fork(after_in_child=self._forked)
-        sys.meta_path.insert(0, _TorchWatcher(self._on_torch))
 
     def _on_torch(self, torch: Any) -> None:
         try:
@@ -443,9 +412,10 @@ def _int(value: Optional[str], default: int) -> int:
 _agent: Optional[Agent] = None
 
 
-def boot(payload: dict[str, Any]) -> Agent:
+def start(payload: dict[str, Any], t0: float, t0_unix: float) -> Agent:
+    """Called by the bootstrap (lite.py) once the script has imported torch."""
     global _agent
-    _agent = Agent(payload)
+    _agent = Agent(payload, t0, t0_unix)
     _agent.start()
     return _agent
 

@@ -1,0 +1,162 @@
+"""The first moments of a rank: as little as possible until torch arrives.
+
+The boot `sitecustomize` calls `boot()` before the script runs. It writes the
+rank's first results file (so the launcher knows the bootstrap ran, and a
+rank that dies early still leaves a trace), and puts a post-import hook on
+`torch`. Only when the script imports torch does the full agent load: a
+script that never imports torch pays a few milliseconds, not perfrun's
+import time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from time import perf_counter
+from typing import Any, Callable, Optional
+
+from ..schema import FORMAT, STEP_COLUMNS, VERSION, rank_filename
+
+
+class TorchWatcher:
+    """A meta path finder that runs a callback right after `import torch`
+    finishes executing (a post-import hook)."""
+
+    def __init__(self, callback: Callable[[Any], None]) -> None:
+        self.callback = callback
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        loader = spec.loader
+        original = loader.exec_module
+        callback = self.callback
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            callback(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _int(value: Optional[str], default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+class Boot:
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+        self.t0 = perf_counter()
+        self.t0_unix = time.time()
+        env = os.environ
+        self.rank = _int(env.get("RANK"), 0)
+        self.restart = _int(env.get("TORCHELASTIC_RESTART_COUNT"), 0)
+        self.path = os.path.join(payload["run_dir"], rank_filename(self.rank, self.restart))
+        self.pid = os.getpid()
+        self.agent: Any = None
+        self.done = False
+
+    def start(self) -> None:
+        self._write("running")
+        atexit.register(self._atexit)
+        os.register_at_fork(after_in_child=self._forked)
+        sys.meta_path.insert(0, TorchWatcher(self._on_torch))
+
+    def _on_torch(self, torch: Any) -> None:
+        try:
+            from . import agent
+
+            self.agent = agent.start(self.payload, self.t0, self.t0_unix)
+            self.agent._on_torch(torch)
+        except Exception as exc:  # profiling off; the script goes on
+            try:
+                sys.stderr.write(f"perfrun: profiling disabled: {type(exc).__name__}: {exc}\n")
+            except Exception:
+                pass
+
+    def _forked(self) -> None:
+        self.done = True  # a forked child is not a rank
+
+    def _atexit(self) -> None:
+        if self.done or self.agent is not None or os.getpid() != self.pid:
+            return
+        self.done = True
+        try:
+            self._write("finished")
+        except Exception as exc:
+            try:
+                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+            except Exception:
+                pass
+
+    def _write(self, status: str) -> None:
+        """The results of a rank that has not imported torch (yet)."""
+        last = getattr(sys, "last_value", None)
+        env = os.environ
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "rank": self.rank,
+            "local_rank": _int(env.get("LOCAL_RANK"), 0),
+            "world_size": _int(env.get("WORLD_SIZE"), 1),
+            "restart": self.restart,
+            "status": status,
+            "exit": {
+                "exception": type(last).__name__ if last is not None else None,
+                "signal": None,
+            },
+            "started_unix": self.t0_unix,
+            "elapsed": round(perf_counter() - self.t0, 6),
+            "env": {
+                "hostname": os.uname().nodename if hasattr(os, "uname") else None,
+                "pid": self.pid,
+                "python": sys.version.split()[0],
+                "argv": list(getattr(sys, "argv", [])),
+                "command": self.payload.get("command"),
+                "cwd": os.getcwd(),
+            },
+            "settings": {
+                k: v
+                for k, v in self.payload.items()
+                if k not in ("pythonpath", "boot_dir", "package_root", "command")
+            },
+            "window": self.payload.get("scheduler"),
+            "torch_imported": False,
+            "gpu": False,
+            "extra": {},
+            "dataloaders": [],
+            "device": None,
+            "faults": [],
+            "notes": [],
+            "steps": {"columns": list(STEP_COLUMNS), "rows": []},
+        }
+        tmp = f"{self.path}.tmp{self.pid}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc))
+        os.replace(tmp, self.path)
+
+
+def boot(payload: dict[str, Any]) -> Boot:
+    b = Boot(payload)
+    b.start()
+    return b
