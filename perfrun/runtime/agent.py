@@ -24,7 +24,7 @@ from .. import __version__
 from ..results import COL, FORMAT, STEP_COLUMNS, VERSION, atomic_write_text, rank_filename
 from ..settings import Settings
 from . import hooks
-from .clock import PhaseClock
+from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
 from .hooks import OFF, HookState
 from .modules import ModuleRanges, RootTracker
@@ -55,7 +55,13 @@ class Agent:
         self.t0_unix = time.time() if t0_unix is None else t0_unix
         self.hooks_state = HookState()
         self.tracker = StepTracker(self.settings.step_on, self._step_begin, self._step_end)
-        self.clock = PhaseClock(self.tracker)
+        self.phase_clock = PhaseClock(self.tracker)
+        # What the hooks report edges to: the phase clock itself, or, when
+        # nothing needs a step boundary the moment it happens (timer-only,
+        # no --stop-after), a buffer replayed through it in batches.
+        self.clock: Any = self.phase_clock
+        if self.settings.timer_only and self.settings.stop_after is None:
+            self.clock = BufferedClock(self.phase_clock, on_fault=self.record_fault)
         self.count_samples = self.settings.batch_size is None
         self.faults: dict[str, list[Any]] = {}
         self.notes: list[str] = []
@@ -153,16 +159,16 @@ class Agent:
     def _update_listener(self) -> None:
         edges = [x.edge for x in (self.nvtx, self.gpu_timer, self.window) if x is not None]
         if not edges:
-            self.clock.listener = None
+            self.phase_clock.listener = None
         elif len(edges) == 1:
-            self.clock.listener = edges[0]
+            self.phase_clock.listener = edges[0]
         else:
 
             def every(kind: int, enter: bool, is_eval: bool) -> None:
                 for edge in edges:
                     edge(kind, enter, is_eval)
 
-            self.clock.listener = every
+            self.phase_clock.listener = every
 
     def _maybe_start_cuda(self) -> None:
         # CUDA events only once the script itself has initialised CUDA: never

@@ -31,15 +31,17 @@ class PhaseClock:
         self.now = now
 
     def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
+        self.enter_at(kind, self.now(), grad, ident)
+
+    def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
         stack = self.stack
         if stack:
             top = stack[-1]
             if top[0] == kind:
                 stack.append(top)
                 return
-            stack.append([kind, self.now(), 0.0, top[3]])
+            stack.append([kind, t, 0.0, top[3]])
             return
-        t = self.now()
         is_eval = self.tracker.begin(kind, t, grad, ident)
         if self.listener is not None:
             self.listener(kind, True, is_eval)
@@ -48,7 +50,9 @@ class PhaseClock:
     def exit(self, failed: bool = False) -> None:
         """The innermost phase ends; `failed` when the call raised (its time
         still counts, but it completes nothing: see StepTracker.end)."""
-        t = self.now()
+        self.exit_at(self.now(), failed)
+
+    def exit_at(self, t: float, failed: bool = False) -> None:
         stack = self.stack
         if not stack:
             return
@@ -77,6 +81,36 @@ class PhaseClock:
             self.listener(kind, False, is_eval)
         return (t0, is_eval)
 
+    # -- DataLoader and optimizer events, as the hooks report them ------------
+
+    def fetch_stopped(self) -> None:
+        """The innermost phase, a fetch, raised StopIteration: no batch."""
+        self.fetch_stopped_at(self.now())
+
+    def fetch_stopped_at(self, t1: float) -> None:
+        if not self.stack:
+            return
+        top = len(self.stack) == 1
+        t0, is_eval = self.abort()
+        if top:
+            self.tracker.stop_iteration(t0, t1, is_eval)
+
+    def fetched(self, samples: int) -> None:
+        """A top-level fetch that just ended returned `samples` samples."""
+        if samples and not self.stack and self.tracker.open:
+            self.tracker.add_samples(samples)
+
+    def iterator_made(self, t0: float, t1: float) -> None:
+        """`iter(DataLoader)` ran from t0 to t1 (worker start-up)."""
+        if not self.stack:
+            self.tracker.excluded(t0, t1)
+
+    def optimizer_built(self) -> None:
+        self.tracker.optimizer_seen = True
+
+    def drain(self) -> None:
+        """Nothing is buffered here (see BufferedClock)."""
+
     def depth(self) -> int:
         return len(self.stack)
 
@@ -85,3 +119,87 @@ class PhaseClock:
         exit we never saw, or the run is ending inside a phase)."""
         while self.stack:
             self.exit()
+
+
+# Event codes of the buffer.
+_ENTER, _EXIT, _STOP, _SAMPLES, _ITER, _OPTIM = range(6)
+
+
+class BufferedClock:
+    """The timer-only hot path: an edge is one clock read and one append.
+
+    The events are replayed through the PhaseClock in batches, every
+    `limit` events or `interval` seconds: the same state machine, run with
+    warm caches rather than once per edge between torch's kernels, where it
+    costs several times more. Used only where nothing needs a step boundary
+    the moment it happens (no NVTX ranges, CUDA events, profiler window or
+    --stop-after); results lag the script by at most `interval`.
+    """
+
+    __slots__ = ("clock", "tracker", "now", "buf", "limit", "interval", "last", "on_fault")
+
+    def __init__(self, clock: PhaseClock, limit: int = 4096, interval: float = 0.5,
+                 on_fault: Optional[Callable[[str, BaseException], None]] = None) -> None:
+        self.clock = clock
+        self.tracker = clock.tracker
+        self.now = clock.now
+        self.buf: list[tuple] = []
+        self.limit = limit
+        self.interval = interval
+        self.last = self.now()
+        self.on_fault = on_fault
+
+    @property
+    def stack(self) -> list[list]:
+        self.drain()
+        return self.clock.stack
+
+    def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
+        t = self.now()
+        buf = self.buf
+        buf.append((_ENTER, kind, t, grad, ident))
+        if len(buf) >= self.limit or t - self.last > self.interval:
+            self.drain()
+
+    def exit(self, failed: bool = False) -> None:
+        self.buf.append((_EXIT, self.now(), failed))
+
+    def fetch_stopped(self) -> None:
+        self.buf.append((_STOP, self.now()))
+
+    def fetched(self, samples: int) -> None:
+        if samples:
+            self.buf.append((_SAMPLES, samples))
+
+    def iterator_made(self, t0: float, t1: float) -> None:
+        self.buf.append((_ITER, t0, t1))
+
+    def optimizer_built(self) -> None:
+        self.buf.append((_OPTIM,))
+
+    def drain(self) -> None:
+        buf, self.buf = self.buf, []
+        self.last = self.now()
+        clock = self.clock
+        for ev in buf:
+            try:
+                code = ev[0]
+                if code == _ENTER:
+                    clock.enter_at(ev[1], ev[2], ev[3], ev[4])
+                elif code == _EXIT:
+                    clock.exit_at(ev[1], ev[2])
+                elif code == _STOP:
+                    clock.fetch_stopped_at(ev[1])
+                elif code == _SAMPLES:
+                    clock.fetched(ev[1])
+                elif code == _ITER:
+                    clock.iterator_made(ev[1], ev[2])
+                else:
+                    clock.optimizer_built()
+            except Exception as exc:
+                if self.on_fault is not None:
+                    self.on_fault("replay", exc)
+
+    def unwind(self) -> None:
+        self.drain()
+        self.clock.unwind()

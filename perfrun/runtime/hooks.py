@@ -58,7 +58,6 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     state: HookState = agent.hooks_state
     clock = agent.clock
-    tracker = agent.tracker
     fault = agent.record_fault
     get_ident = threading.get_ident
     is_grad_enabled = torch.is_grad_enabled
@@ -184,7 +183,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(self, *args, **kwargs)
             try:
-                tracker.optimizer_seen = True
+                clock.optimizer_built()
                 patch_step(type(self))
             except Exception as exc:
                 fault("optimizer.__init__", exc)
@@ -217,11 +216,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except StopIteration:
                 state.block -= 1
                 try:
-                    t1 = now()
-                    top = len(clock.stack) == 1
-                    t0, is_eval = clock.abort()
-                    if top:
-                        tracker.stop_iteration(t0, t1, is_eval)
+                    clock.fetch_stopped()
                 except Exception as exc:
                     fault("dataloader", exc)
                 raise
@@ -235,10 +230,8 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             state.block -= 1
             try:
                 clock.exit()
-                if count_samples and tracker.open and len(clock.stack) == 0:
-                    n = _batch_size(batch)
-                    if n:
-                        tracker.add_samples(n)
+                if count_samples:
+                    clock.fetched(_batch_size(batch))
             except Exception as exc:
                 fault("dataloader", exc)
             return batch
@@ -260,8 +253,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 return orig_iter(self)
             finally:
                 try:
-                    if not clock.stack:
-                        tracker.excluded(t0, now())
+                    clock.iterator_made(t0, now())
                 except Exception as exc:
                     fault("dataloader.__iter__", exc)
 

@@ -141,7 +141,12 @@ class StepTracker:
         """A top-level phase starts at `t`. `ident` names the object behind it
         (the module called, the optimizer stepped). Returns True when the
         event is evaluation."""
-        if self.is_eval(kind, grad):
+        # is_eval(), inlined: this runs at every phase edge.
+        if (
+            not grad
+            and (kind == FWD or kind == DATA)
+            and (self.optimizer_seen or self.training_seen)
+        ):
             if not self.eval_open:
                 self.eval_open = True
                 self.eval_start = t
@@ -182,7 +187,14 @@ class StepTracker:
         col = _COLUMN[kind]
         self.acc[col] += exclusive
         self.calls[col] += 1
-        if kind != ZERO and not failed and self._closes(kind):
+        if kind == ZERO or failed:
+            return
+        step_on = self.step_on
+        if (
+            (kind == OPT or not self.optimizer_seen)
+            if step_on == "auto"
+            else kind in _CLOSERS[step_on]
+        ):
             self.closed = True
             self.close_t = t
             self.excl_at_close = self.excl
