@@ -176,7 +176,9 @@ def _gated(settings: Settings, outcome: Any) -> int:
     """`perfrun run --baseline`: the exit status is the gate's, never the
     script's (a crashed script is a measurement failure)."""
     fmt = settings.format
-    if fmt != "junit":
+    # One document for machines: with --format json or junit (and no
+    # --output for the run report) only the comparison is printed.
+    if fmt in ("table", "markdown") or (settings.output is not None and fmt == "json"):
         try:
             render_run(outcome.run_dir, fmt, settings.output, settings.warmup, view_of(settings))
         except ResultsError as exc:
@@ -250,7 +252,10 @@ def compare(
     )
     with _destination(output) as stream:
         render_comparison(comparison, fmt, stream)
-    _github_actions(comparison, verdict_line(comparison))
+    # Workflow commands go to stdout, unless stdout carries a document a
+    # machine will parse; the runner reads them from stderr too.
+    machine = fmt in ("json", "junit") and output is None
+    _github_actions(comparison, verdict_line(comparison), sys.stderr if machine else sys.stdout)
     if comparison.problem:
         return ExitCode.NO_MEASUREMENT
     if comparison.gate is None:
@@ -264,7 +269,7 @@ def compare(
     return ExitCode.OK
 
 
-def _github_actions(comparison: Any, line: str) -> None:
+def _github_actions(comparison: Any, line: str, stream: IO[str]) -> None:
     """On GitHub Actions: the comparison in the job summary, a regression as
     an error annotation."""
     if os.environ.get("GITHUB_ACTIONS") != "true":
@@ -283,10 +288,10 @@ def _github_actions(comparison: Any, line: str) -> None:
     gate = comparison.gate
     text = line.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
     if comparison.problem or (gate is not None and gate.verdict == Verdict.FAIL):
-        sys.stdout.write(f"::error title=perfrun performance gate::{text}\n")
+        stream.write(f"::error title=perfrun performance gate::{text}\n")
     elif gate is not None and gate.verdict == Verdict.INCONCLUSIVE:
-        sys.stdout.write(f"::warning title=perfrun performance gate::{text}\n")
-    sys.stdout.flush()
+        stream.write(f"::warning title=perfrun performance gate::{text}\n")
+    stream.flush()
 
 
 def view_of(settings: Settings) -> dict[str, Any]:
