@@ -143,6 +143,18 @@ def ratio_interval(
     return point, lo, hi, block
 
 
+# Student's t, two-sided 95%, for 1..9 degrees of freedom.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)
+
+
+def t_quantile(dof: int) -> float:
+    if dof < 1:
+        return float("inf")
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    return 1.959964 + 2.4 / dof  # within 0.01 of the table from 10 on
+
+
 def between_run_spread(runs: Sequence[Sequence[float]]) -> Optional[float]:
     """Standard deviation of the runs' log median step times: how much whole
     runs of one workload differ (another process's memory layout, a
@@ -204,10 +216,13 @@ def gate(
     if spread is not None and ratio > 0 and lo > 0:
         # Combine in log space: the bootstrap's half-width (within runs) and
         # the run-to-run spread of one new run against the mean of `runs`.
+        # The spread is estimated from only `runs` medians: Student's t
+        # with runs - 1 degrees of freedom, not the normal quantile, or a
+        # baseline whose few runs happen to agree would look certain.
         z = 1.959964
         within = (math.log(hi) - math.log(lo)) / (2 * z)
         between = spread * math.sqrt(1.0 + 1.0 / runs)
-        half = z * math.sqrt(within * within + between * between)
+        half = math.hypot(z * within, t_quantile(runs - 1) * between)
         lo, hi = ratio * math.exp(-half), ratio * math.exp(half)
     limit = 1.0 + threshold
     pct = f"{(ratio - 1) * 100:+.1f}%"
