@@ -146,7 +146,7 @@ class BufferedClock:
         self.buf: list[tuple] = []
         self.limit = limit
         self.interval = interval
-        self.last = self.now()
+        self.last = self.now() + interval
         self.on_fault = on_fault
 
     @property
@@ -158,7 +158,7 @@ class BufferedClock:
         t = self.now()
         buf = self.buf
         buf.append((_ENTER, kind, t, grad, ident))
-        if len(buf) >= self.limit or t - self.last > self.interval:
+        if t > self.last or len(buf) >= self.limit:
             self.drain()
 
     def exit(self, failed: bool = False) -> None:
@@ -179,7 +179,8 @@ class BufferedClock:
 
     def drain(self) -> None:
         buf, self.buf = self.buf, []
-        self.last = self.now()
+        # `last` holds the time of the next drain: one comparison per edge.
+        self.last = self.now() + self.interval
         clock = self.clock
         for ev in buf:
             try:

@@ -58,6 +58,10 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     state: HookState = agent.hooks_state
     clock = agent.clock
+    # Bound once: each attribute lookup saved is saved at every phase edge.
+    enter = clock.enter
+    leave = clock.exit
+    main = state.main_thread
     fault = agent.record_fault
     get_ident = threading.get_ident
     is_grad_enabled = torch.is_grad_enabled
@@ -77,14 +81,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     # -- forward: the outermost nn.Module call ----------------------------------
     def make_call(orig_call: Callable) -> Callable:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if state.block or get_ident() != state.main_thread:
+            if state.block or get_ident() != main:
                 return orig_call(self, *args, **kwargs)
             state.block += 1
             key = id(self)
             try:
                 if key not in roots_seen:
                     see_root(self)
-                clock.enter(FWD, is_grad_enabled(), key)
+                enter(FWD, is_grad_enabled(), key)
             except Exception as exc:
                 fault("forward", exc)
             try:
@@ -92,13 +96,13 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except BaseException:
                 state.block -= 1
                 try:
-                    clock.exit(True)
+                    leave(True)
                 except Exception as exc:
                     fault("forward", exc)
                 raise
             state.block -= 1
             try:
-                clock.exit()
+                leave()
             except Exception as exc:
                 fault("forward", exc)
             return result
@@ -110,11 +114,11 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     # -- backward ---------------------------------------------------------------
     def make_backward(orig: Callable) -> Callable:
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if state.block >= OFF or get_ident() != state.main_thread:
+            if state.block >= OFF or get_ident() != main:
                 return orig(*args, **kwargs)
             state.block += 1
             try:
-                clock.enter(BWD)
+                enter(BWD)
             except Exception as exc:
                 fault("backward", exc)
             try:
@@ -122,13 +126,13 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except BaseException:
                 state.block -= 1
                 try:
-                    clock.exit(True)
+                    leave(True)
                 except Exception as exc:
                     fault("backward", exc)
                 raise
             state.block -= 1
             try:
-                clock.exit()
+                leave()
             except Exception as exc:
                 fault("backward", exc)
             return result
@@ -143,22 +147,22 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     def make_phase(kind: int, where: str) -> Callable[[Callable], Callable]:
         def make(orig: Callable) -> Callable:
             def phase(*args: Any, **kwargs: Any) -> Any:
-                if state.block >= OFF or get_ident() != state.main_thread:
+                if state.block >= OFF or get_ident() != main:
                     return orig(*args, **kwargs)
                 try:
-                    clock.enter(kind, True, id(args[0]) if args else None)
+                    enter(kind, True, id(args[0]) if args else None)
                 except Exception as exc:
                     fault(where, exc)
                 try:
                     result = orig(*args, **kwargs)
                 except BaseException:
                     try:
-                        clock.exit(True)
+                        leave(True)
                     except Exception as exc:
                         fault(where, exc)
                     raise
                 try:
-                    clock.exit()
+                    leave()
                 except Exception as exc:
                     fault(where, exc)
                 return result
@@ -204,11 +208,11 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     def make_next(orig_next: Callable) -> Callable:
         def __next__(self: Any) -> Any:
-            if state.block >= OFF or get_ident() != state.main_thread:
+            if state.block >= OFF or get_ident() != main:
                 return orig_next(self)
             state.block += 1
             try:
-                clock.enter(DATA, is_grad_enabled(), None)
+                enter(DATA, is_grad_enabled(), None)
             except Exception as exc:
                 fault("dataloader", exc)
             try:
@@ -223,13 +227,13 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except BaseException:
                 state.block -= 1
                 try:
-                    clock.exit(True)
+                    leave(True)
                 except Exception as exc:
                     fault("dataloader", exc)
                 raise
             state.block -= 1
             try:
-                clock.exit()
+                leave()
                 if count_samples:
                     clock.fetched(_batch_size(batch))
             except Exception as exc:
@@ -242,7 +246,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     def make_iter(orig_iter: Callable) -> Callable:
         def __iter__(self: Any) -> Any:
-            if state.block >= OFF or get_ident() != state.main_thread:
+            if state.block >= OFF or get_ident() != main:
                 return orig_iter(self)
             try:
                 note_loader(self)
