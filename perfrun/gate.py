@@ -186,30 +186,16 @@ def gate(
             which.append(f"the baseline has {nb}")
         if nc < min_steps:
             which.append(f"the current run has {nc}")
-        return GateResult(
-            Verdict.INCONCLUSIVE,
-            None,
-            None,
-            None,
-            threshold,
-            nb,
-            nc,
-            0,
+        reason = (
             f"too few steady steps to decide: {' and '.join(which)}; at least {min_steps} "
-            "are needed in each (run longer, or lower --warmup)",
+            "are needed in each (run longer, or lower --warmup)"
         )
-    if statistics.median(baseline) <= 0:
-        return GateResult(
-            Verdict.INCONCLUSIVE,
-            None,
-            None,
-            None,
-            threshold,
-            nb,
-            nc,
-            0,
-            "the baseline's median step time is zero",
-        )
+    elif statistics.median(baseline) <= 0:
+        reason = "the baseline's median step time is zero"
+    else:
+        reason = ""
+    if reason:
+        return GateResult(Verdict.INCONCLUSIVE, None, None, None, threshold, nb, nc, 0, reason)
     ratio, lo, hi, block = ratio_interval(baseline, current, other_runs=other_runs)
     runs = 1 + len(other_runs)
     spread = between_run_spread([baseline, *other_runs])

@@ -11,13 +11,11 @@ time.perf_counter and ends with one line:
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 from time import perf_counter
 
 import torch
+from benchline import parse, report
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -45,33 +43,12 @@ class SyntheticImages(Dataset):
         return x.mean(dim=0), index % CLASSES
 
 
-def report(name: str, marks: list[float], warmup: int) -> None:
-    """A step lasts from the end of the previous step to the end of its own,
-    so anything between steps (here: the fetch) is counted."""
-    durations = [b - a for a, b in zip(marks[warmup - 1 : -1], marks[warmup:])]
-    result = {
-        "workload": name,
-        "median_step_s": statistics.median(durations),
-        "mean_step_s": statistics.fmean(durations),
-        "steps": len(durations),
-        "warmup": warmup,
-        "torch": torch.__version__,
-        # Every timed step, so a reader can leave some out (a profiler window).
-        "step_s": [round(d, 9) for d in durations],
-    }
-    print("BENCH " + json.dumps(result), flush=True)
-
-
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("steps", type=int, nargs="?", default=300)
-    parser.add_argument("warmup", type=int, nargs="?", default=20)
-    args = parser.parse_args(argv)
-    warmup = max(1, args.warmup)
+    steps, warmup = parse(argv, __doc__, 300, 20)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    total = warmup + args.steps
+    total = warmup + steps
     loader = DataLoader(SyntheticImages(total * BATCH), batch_size=BATCH, num_workers=2)
     model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, CLASSES))
     loss_fn = nn.CrossEntropyLoss()
@@ -84,7 +61,7 @@ def main(argv: list[str]) -> None:
         loss.backward()
         optimizer.step()
         marks.append(perf_counter())
-    report("dataloader_bound", marks, warmup)
+    report("dataloader_bound", marks, warmup, torch.__version__)
 
 
 if __name__ == "__main__":

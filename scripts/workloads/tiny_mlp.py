@@ -10,39 +10,16 @@ steady-state steps with time.perf_counter and ends with one line:
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 from time import perf_counter
 
 import torch
+from benchline import parse, report
 from torch import nn
 
 
-def report(name: str, marks: list[float], warmup: int) -> None:
-    """A step lasts from the end of the previous step to the end of its own,
-    so anything between steps (the loop itself) is counted."""
-    durations = [b - a for a, b in zip(marks[warmup - 1 : -1], marks[warmup:])]
-    result = {
-        "workload": name,
-        "median_step_s": statistics.median(durations),
-        "mean_step_s": statistics.fmean(durations),
-        "steps": len(durations),
-        "warmup": warmup,
-        "torch": torch.__version__,
-        # Every timed step, so a reader can leave some out (a profiler window).
-        "step_s": [round(d, 9) for d in durations],
-    }
-    print("BENCH " + json.dumps(result), flush=True)
-
-
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("steps", type=int, nargs="?", default=4000)
-    parser.add_argument("warmup", type=int, nargs="?", default=200)
-    args = parser.parse_args(argv)
-    warmup = max(1, args.warmup)
+    steps, warmup = parse(argv, __doc__, 4000, 200)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -53,14 +30,14 @@ def main(argv: list[str]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     marks: list[float] = []
-    for i in range(warmup + args.steps):
+    for i in range(warmup + steps):
         x, y = data[i % len(data)]
         optimizer.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
         marks.append(perf_counter())
-    report("tiny_mlp", marks, warmup)
+    report("tiny_mlp", marks, warmup, torch.__version__)
 
 
 if __name__ == "__main__":

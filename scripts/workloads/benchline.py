@@ -1,0 +1,35 @@
+"""What the benchmark workloads share: their argument line and the one
+line of JSON each ends with. Imported by the workloads (run as scripts, so
+this folder is first on sys.path)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def parse(argv: list[str], doc: str, steps: int, warmup: int) -> tuple[int, int]:
+    """`STEPS WARMUP` (positional, optional): the timed steps and those before."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("steps", type=int, nargs="?", default=steps)
+    parser.add_argument("warmup", type=int, nargs="?", default=warmup)
+    args = parser.parse_args(argv)
+    return args.steps, max(1, args.warmup)
+
+
+def report(name: str, marks: list[float], warmup: int, torch_version: str) -> None:
+    """A step lasts from the end of the previous step to the end of its own,
+    so anything between steps (the loop itself, a fetch) is counted."""
+    durations = [b - a for a, b in zip(marks[warmup - 1 : -1], marks[warmup:])]
+    result = {
+        "workload": name,
+        "median_step_s": statistics.median(durations),
+        "mean_step_s": statistics.fmean(durations),
+        "steps": len(durations),
+        "warmup": warmup,
+        "torch": torch_version,
+        # Every timed step, so a reader can leave some out (a profiler window).
+        "step_s": [round(d, 9) for d in durations],
+    }
+    print("BENCH " + json.dumps(result), flush=True)
