@@ -461,3 +461,14 @@ def test_fast_dataloader_gets_no_io_advice(run_perfrun: RunPerfrun) -> None:
     assert report["perf"]["steps"] > 20
     assert report["perf"]["reader_ratio"] < READER_RATIO_LIMIT
     assert "io-bound" not in [a["kind"] for a in report["advice"]]
+
+
+def test_io_bound_names_the_training_loader_once() -> None:
+    # The validation loader (iterated under no_grad, so "training": False)
+    # is not what the steps wait on; two identical training loaders are one.
+    rows = _rows(dataloader=1 / 8, forward=1 / 4, others=1 / 8)
+    train = {**_loader(), "training": True}
+    val = {**_loader(num_workers=4), "training": False}
+    [advice] = io_bound(_inputs(rows, dataloaders=[train, val, dict(train)], cpu_count=16))
+    assert [d["num_workers"] for d in advice.evidence["dataloaders"]] == [0]
+    assert advice.message.count("DataLoader over") == 1

@@ -317,7 +317,15 @@ def io_bound(inp: AdviceInputs) -> list[Advice]:
         f"Reader Ratio {ratio * 100:.3f}% (above {READER_RATIO_LIMIT * 100:g}%): "
         f"each step waits {duration(reader)} for its batch out of {duration(batch)}."
     )
-    loaders = [_loader(d) for d in inp.dataloaders if isinstance(d, Mapping)]
+    described = [d for d in inp.dataloaders if isinstance(d, Mapping)]
+    # The loaders the steps wait on: those iterated with gradients on (an
+    # evaluation loader's iterator is made under no_grad); identical ones once.
+    training = [d for d in described if d.get("training", True)] or described
+    loaders = []
+    for d in training:
+        loader = _loader(d)
+        if loader not in loaders:
+            loaders.append(loader)
     actions: list[str] = []
     if loaders:
         evidence["dataloaders"] = loaders

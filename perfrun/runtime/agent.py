@@ -240,11 +240,17 @@ class Agent:
         else:
             entry[0] += 1
 
-    def note_dataloader(self, loader: Any) -> None:
+    def note_dataloader(self, loader: Any, grad: bool = True) -> None:
+        """Remember a DataLoader's settings (for the advice). `grad`: whether
+        its iterator was made with gradients on; a loader iterated only
+        under no_grad is an evaluation loader, not the one steps wait on."""
         key = id(loader)
-        if key in self.loaders:
+        known = self.loaders.get(key)
+        if known is not None:
+            known["training"] = known["training"] or grad
             return
         self.loaders[key] = {
+            "training": grad,
             "num_workers": getattr(loader, "num_workers", None),
             "pin_memory": getattr(loader, "pin_memory", None),
             "persistent_workers": getattr(loader, "persistent_workers", None),

@@ -249,7 +249,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             if state.block >= OFF or get_ident() != main:
                 return orig_iter(self)
             try:
-                note_loader(self)
+                note_loader(self, is_grad_enabled())
             except Exception as exc:
                 fault("dataloader.__iter__", exc)
             t0 = now()
