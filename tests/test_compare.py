@@ -54,8 +54,10 @@ SLOW_MS = "20"
 #: the clock speed can make every step of one run tens of percent slower
 #: than the next run's, and a within-run interval cannot see that. 5% would
 #: make these tests fail on noise; scripts/gate_false_alarm.py measures how
-#: often that happens on a given machine.
-SAME_WORKLOAD_THRESHOLD = "25%"
+#: often that happens on a given machine. On the machines this suite runs on
+#: it measured whole runs of one workload up to 60% apart, so the limit is
+#: 100%: the test still catches a gate that inverts or mis-scales the ratio.
+SAME_WORKLOAD_THRESHOLD = "100%"
 
 
 # -- running perfrun -------------------------------------------------------------
@@ -270,7 +272,7 @@ def test_a_run_against_itself_passes(slow: Runs) -> None:
 
 
 def test_the_same_workload_twice_does_not_fire(pair: Runs) -> None:
-    # See SAME_WORKLOAD_THRESHOLD for why 25% and not the 5% a CI job would use.
+    # See SAME_WORKLOAD_THRESHOLD for why 100% and not the 5% a CI job would use.
     done, doc = compare_json(
         pair, "base.json", "again-log", "--max-regression", SAME_WORKLOAD_THRESHOLD
     )
