@@ -192,6 +192,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "command": command_line,
         "child": cmd,
         "expected_ranks": expected_ranks(settings),
+        "nnodes": settings.nnodes,
         "launcher": payload["launcher"],
         "started": time.time(),
     }

@@ -181,6 +181,10 @@ def read_run(run_dir: str) -> RunResults:
     expected = int(meta.get("expected_ranks") or 0)
     world = max([int(r.data.get("world_size", 1)) for r in ranks] + [expected, 0])
     missing = [r for r in range(world) if r not in by_rank]
+    if str(meta.get("nnodes") or "1") != "1":
+        # Several nodes: each node's perfrun sees its own ranks only; the
+        # others' are not missing, they are in the other nodes' run folders.
+        missing = []
     return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing)
 
 
