@@ -251,6 +251,10 @@ def cli() -> None:
     perfrun --timer-only train.py             cheap baseline: reader_cost, batch_cost, ips
     perfrun --nproc-per-node 8 train.py       under torch.distributed, per-rank results
     perfrun report perfrun_log                re-print the tables of the latest run
+    perfrun compare base.json perfrun_log     the CI gate: is this run slower?
+
+    `perfrun run --help` lists the options of a run (they also work without
+    the word `run`).
     """
 
 
@@ -468,6 +472,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     command_line = ["perfrun", *argv]
+    if not argv and "_PERFRUN_COMPLETE" not in os.environ:
+        # Bare `perfrun`: what it does and how to start, not an error message
+        # wrapped around the whole help.
+        ctx = click.Context(cli, info_name="perfrun", help_option_names=["-h", "--help"])
+        click.echo(cli.get_help(ctx), err=True)
+        return ExitCode.USAGE
     if argv and argv[0] in COMMANDS:
         command, rest = argv[0], argv[1:]
     elif not argv or argv[0] in ("-h", "--help", "--version"):

@@ -469,3 +469,13 @@ def test_settings_survive_the_trip_to_the_child() -> None:
         flush_interval=0.2,
     )
     assert Settings.from_json(settings.to_json()) == settings
+
+
+def test_bare_perfrun_prints_the_help_and_exits_2(capsys, monkeypatch) -> None:
+    from perfrun.cli import main
+
+    monkeypatch.delenv("_PERFRUN_COMPLETE", raising=False)
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Usage: perfrun")
+    assert "perfrun run --help" in err and "compare" in err and "error" not in err
