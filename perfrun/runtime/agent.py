@@ -107,6 +107,7 @@ class Agent:
             self.torch = torch
             self.torch_version = str(getattr(torch, "__version__", "?"))
             self._undo = hooks.install(torch, self)
+            hooks.install_excepthook(self.record_fault)
             self._setup_window(torch)
             self._setup_gpu_and_nvtx(torch)
             self.sampler = DeviceSampler(self.notes)

@@ -290,3 +290,47 @@ def _batch_size(batch: Any, depth: int = 0) -> int:
             if n:
                 return n
     return 0
+
+
+def without_wrapper_frames(tb: Any) -> Any:
+    """The traceback `tb` with the frames of perfrun's wrappers removed: each
+    hooked call adds one frame to an exception passing through it, and the
+    traceback a user sees must be the one `python script.py` prints."""
+    import types
+
+    kept = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
+def install_excepthook(record_fault: Callable[[str, BaseException], None]) -> None:
+    """Print uncaught exceptions without perfrun's frames (the exception
+    object and its own traceback are left as they are for the script; only
+    what is printed changes). Only when sys.excepthook is Python's own."""
+    import sys
+
+    if sys.excepthook is not sys.__excepthook__:
+        return
+    original = sys.__excepthook__
+
+    def excepthook(kind: Any, value: Any, tb: Any) -> None:
+        try:
+            seen: set[int] = set()
+            exc = value
+            while exc is not None and id(exc) not in seen:
+                # Chained exceptions are printed too: clean each of them.
+                seen.add(id(exc))
+                exc.__traceback__ = without_wrapper_frames(exc.__traceback__)
+                exc = exc.__cause__ or exc.__context__
+            tb = value.__traceback__ if value is not None else tb
+        except Exception as error:
+            record_fault("excepthook", error)
+        original(kind, value, tb)
+
+    sys.excepthook = excepthook
