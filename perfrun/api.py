@@ -153,9 +153,22 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
 
 
 def _rank_signal(run_dir: str) -> int:
-    """torchrun exits 1 whatever a rank did: find a rank that was ended by a
-    signal in the rank files themselves. When a rank raised, the others'
-    SIGTERM is torchrun's own clean-up, not how the run ended."""
+    """torchrun exits 1 whatever a rank did: find the signal that ended the
+    run. First torchrun's own record of its first failed worker (written by
+    perfrun.torchrun: a negative status is a signal, SIGKILL included), then
+    the rank files (a rank that caught SIGTERM says so). When a rank raised,
+    the others' SIGTERM is torchrun's own clean-up, not how the run ended."""
+    import json
+
+    from .launch import TORCHRUN_STATUS
+
+    try:
+        with open(os.path.join(run_dir, TORCHRUN_STATUS), encoding="utf-8") as f:
+            status = json.load(f)
+        first = status["failures"][status["first"]]["exitcode"]
+        return -int(first) if int(first) < 0 else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     try:
         run = read_run(run_dir)
     except ResultsError:

@@ -22,6 +22,7 @@ from .results import atomic_write_text
 from .settings import Settings, child_environment
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
+TORCHRUN_STATUS = "torchrun-status.json"
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -139,7 +140,8 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
             nsys = [*selector, "--", *nsys]
     if not settings.distributed:
         return [*nsys, sys.executable, *target]
-    run = [sys.executable, "-m", "torch.distributed.run"]
+    # torch.distributed.run, plus a record of how failed ranks ended.
+    run = [sys.executable, "-m", "perfrun.torchrun"]
     flags = (
         ("--nproc-per-node", settings.nproc_per_node),
         ("--nnodes", settings.nnodes),
@@ -182,6 +184,8 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         os.makedirs(os.path.join(run_dir, "nsys"), exist_ok=True)
     cmd = build_command(settings, run_dir)
     env = child_environment(settings, run_dir, BOOT_DIR)
+    if settings.distributed:
+        env["PERFRUN_TORCHRUN_STATUS"] = os.path.join(run_dir, TORCHRUN_STATUS)
     payload = json.loads(env["PERFRUN_SETTINGS"])
     payload["launcher"] = "torchrun" if settings.distributed else "python"
     payload["package_root"] = PACKAGE_ROOT

@@ -204,7 +204,8 @@ def pair(work: Runs) -> Runs:
     second = finish(b, b_args)
     assert first.returncode == 0, first.describe()
     assert second.returncode == 0, second.describe()
-    assert "perfrun: baseline saved to base.json (1 run of this environment)" in first.err_lines(), first.describe()
+    saved = "perfrun: baseline saved to base.json (1 run of this environment)"
+    assert saved in first.err_lines(), first.describe()
     return work
 
 
