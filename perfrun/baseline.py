@@ -20,6 +20,7 @@ from .results import (
     ResultsError,
     RunResults,
     atomic_write_text,
+    load_json,
     read_run,
     resolve_run_dir,
     validate,
@@ -162,17 +163,7 @@ def load(path: str) -> RunResults:
     """A baseline file or a results folder (or a log folder's latest run)."""
     if os.path.isdir(path):
         return read_run(resolve_run_dir(path))
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise ResultsError(f"no such file or results folder: {path}") from None
-    except OSError as exc:
-        raise ResultsError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ResultsError(
-            f"{path} is not valid JSON (truncated or corrupt at line {exc.lineno})"
-        ) from None
+    doc = load_json(path, missing="no such file or results folder: {path}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         if isinstance(doc, dict) and doc.get("format") == "perfrun-results":
             rank = validate(doc, path)
@@ -194,12 +185,7 @@ def load(path: str) -> RunResults:
 
 
 def stored_fingerprint(path: str, run: RunResults) -> dict[str, Any]:
-    if not os.path.isdir(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-            if isinstance(doc, dict) and isinstance(doc.get("fingerprint"), dict):
-                return doc["fingerprint"]
-        except (OSError, json.JSONDecodeError):
-            pass
+    doc = None if os.path.isdir(path) else _read_doc(path)
+    if doc is not None and isinstance(doc.get("fingerprint"), dict):
+        return doc["fingerprint"]
     return fingerprint(run)

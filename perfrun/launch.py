@@ -183,21 +183,18 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     if settings.nsys:
         os.makedirs(os.path.join(run_dir, "nsys"), exist_ok=True)
     cmd = build_command(settings, run_dir)
-    env = child_environment(settings, run_dir, BOOT_DIR)
+    launcher = "torchrun" if settings.distributed else "python"
+    extra = {"launcher": launcher, "package_root": PACKAGE_ROOT, "command": command_line}
+    env = child_environment(settings, run_dir, BOOT_DIR, extra=extra)
     if settings.distributed:
         env["PERFRUN_TORCHRUN_STATUS"] = os.path.join(run_dir, TORCHRUN_STATUS)
-    payload = json.loads(env["PERFRUN_SETTINGS"])
-    payload["launcher"] = "torchrun" if settings.distributed else "python"
-    payload["package_root"] = PACKAGE_ROOT
-    payload["command"] = command_line
-    env["PERFRUN_SETTINGS"] = json.dumps(payload)
     meta: dict[str, Any] = {
         "git": _git_state(settings) if (settings.baseline or settings.save_baseline) else {},
         "command": command_line,
         "child": cmd,
         "expected_ranks": expected_ranks(settings),
         "nnodes": settings.nnodes,
-        "launcher": payload["launcher"],
+        "launcher": launcher,
         "started": time.time(),
     }
     atomic_write_text(os.path.join(run_dir, "run.json"), json.dumps(meta, indent=1))

@@ -86,20 +86,27 @@ class RankResult:
         return [row[i] for row in self.rows]
 
 
-def read_rank_file(path: str) -> RankResult:
+def load_json(path: str, missing: str = "cannot read {path}: no such file") -> Any:
+    """A JSON file's content, or a one-line ResultsError (results files and
+    baselines are read the same way)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
+    except FileNotFoundError:
+        raise ResultsError(missing.format(path=path)) from None
     except OSError as exc:
         raise ResultsError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsError(
             f"{path} is not valid JSON (truncated or corrupt at line {exc.lineno}, "
             f"column {exc.colno})"
         ) from None
-    return validate(data, path)
+
+
+def read_rank_file(path: str) -> RankResult:
+    return validate(load_json(path), path)
 
 
 def validate(data: Any, path: str) -> RankResult:

@@ -331,14 +331,20 @@ def parse_override(text: str) -> dict[str, Any]:
 
 
 def child_environment(
-    settings: Settings, run_dir: str, boot_dir: str, base: dict[str, str] | None = None
+    settings: Settings,
+    run_dir: str,
+    boot_dir: str,
+    base: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """The environment of the profiled process: our boot folder first on
     PYTHONPATH, the settings and the user's original PYTHONPATH in one
-    variable so the child can restore exactly what `python` would have seen."""
+    variable so the child can restore exactly what `python` would have seen.
+    `extra`: what else the bootstrap needs (launcher kind, command line)."""
     env = dict(os.environ if base is None else base)
     original = env.get("PYTHONPATH")
-    payload = json.loads(settings.to_json())
+    payload = dataclasses.asdict(settings)
+    payload.update(extra or {})
     payload["run_dir"] = os.path.abspath(run_dir)
     payload["boot_dir"] = boot_dir
     payload["pythonpath"] = original

@@ -63,6 +63,12 @@ class Agent:
         if self.settings.timer_only and self.settings.stop_after is None:
             self.clock = BufferedClock(self.phase_clock, on_fault=self.record_fault)
         self.count_samples = self.settings.batch_size is None
+        # The first step index not to run (--stop-after, --stop-after-window),
+        # decided once rather than at every step.
+        stops = [self.settings.stop_after]
+        if self.settings.stop_after_window and self.settings.scheduler is not None:
+            stops.append(self.settings.scheduler[1])
+        self._stop_at = min((s for s in stops if s is not None), default=float("inf"))
         self.faults: dict[str, list[Any]] = {}
         self.notes: list[str] = []
         self.loaders: dict[int, dict[str, Any]] = {}
@@ -196,10 +202,7 @@ class Agent:
     # -- step callbacks (from the tracker) ---------------------------------------
 
     def _step_begin(self, index: int, t: float) -> None:
-        stop_after = self.settings.stop_after
-        if stop_after is not None and index >= stop_after:
-            self._request_stop()
-        if self.settings.stop_after_window and index >= self.settings.scheduler[1]:
+        if index >= self._stop_at:
             self._request_stop()
         if self._cuda_possible:
             try:

@@ -52,8 +52,8 @@ def is_wrapped(fn: Any) -> bool:
 
 
 def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
-    """Patch torch for `agent`. Returns (owner, name, original) for each patch
-    so they can be undone (tests, and processes forked after the start)."""
+    """Patch torch for `agent`. Returns (owner, name, original) for each patch:
+    what was replaced, for the record."""
     import torch.utils.data.dataloader as dataloader_mod
 
     state: HookState = agent.hooks_state
@@ -265,11 +265,6 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     patch(dataloader_mod.DataLoader, "__iter__", make_iter)
     return undo
-
-
-def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
-    for owner, name, original in reversed(undo):
-        setattr(owner, name, original)
 
 
 def _batch_size(batch: Any, depth: int = 0) -> int:

@@ -130,11 +130,6 @@ class StepTracker:
             and (self.optimizer_seen or self.training_seen)
         )
 
-    def _closes(self, kind: int) -> bool:
-        if self.step_on == "auto":
-            return kind == OPT if self.optimizer_seen else True
-        return kind in _CLOSERS[self.step_on]
-
     # -- events ---------------------------------------------------------------
 
     def begin(self, kind: int, t: float, grad: bool = True, ident: object = None) -> bool:
