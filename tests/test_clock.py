@@ -35,6 +35,7 @@ class RecordingTracker:
     def __init__(self, eval_kinds: tuple[int, ...] = ()) -> None:
         self.eval_kinds = eval_kinds
         self.calls: list[tuple[Any, ...]] = []
+        self.resume = 0.0  # no perfrun work at any edge
 
     def begin(self, kind: int, t: float, grad: bool = True, ident: object = None) -> bool:
         self.calls.append(("begin", kind, t, grad, ident))
@@ -190,7 +191,10 @@ def test_nested_phase_inherits_the_eval_flag_of_the_top_level_one() -> None:
     ]
 
 
-def test_listener_sees_only_top_level_edges() -> None:
+def test_listener_sees_nested_edges_but_not_folded_calls() -> None:
+    # Forward inside an optimizer step's closure gets its own range (the
+    # trace and NVTX show what the rows count); a same-kind call folded
+    # into its parent (GradScaler.step -> optimizer.step) gets none.
     clock, _tracker, time = make_clock(eval_kinds=(FWD,))
     edges: list[tuple[int, bool, bool]] = []
     clock.listener = lambda kind, enter, is_eval: edges.append((kind, enter, is_eval))
@@ -205,10 +209,21 @@ def test_listener_sees_only_top_level_edges() -> None:
     clock.exit()
     assert edges == [
         (OPT, True, False),
+        (FWD, True, False),
+        (FWD, False, False),
         (OPT, False, False),
         (FWD, True, True),
         (FWD, False, True),
     ]
+
+
+def test_phase_entered_after_perfrun_work_starts_when_the_work_ended() -> None:
+    clock, tracker, time = make_clock()
+    tracker.resume = 103.0  # e.g. the profiler exported its trace at this edge
+    clock.enter(DATA)
+    time.run(5)
+    clock.exit()
+    assert tracker.calls[-1] == ("end", DATA, 105.0, 2.0, False)
 
 
 def test_abort_drops_the_phase_without_ending_it() -> None:

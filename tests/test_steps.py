@@ -18,7 +18,7 @@ import pytest
 from perfrun.analysis.summary import perf_summary
 from perfrun.results import COL, GPU_COLUMNS, PHASES, STEP_COLUMNS
 from perfrun.runtime.clock import PhaseClock
-from perfrun.runtime.steps import BWD, DATA, FWD, OPT, ZERO, StepTracker
+from perfrun.runtime.steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO, StepTracker
 
 # What `ident` names in the hooks (id() of the module or optimizer).
 MODEL, LOSS, OPTIM, SCALER = "model", "loss", "optimizer", "scaler"
@@ -700,7 +700,44 @@ def test_eval_pass_between_training_steps_is_excluded() -> None:
 
 
 def test_eval_pass_inside_a_step_is_excluded() -> None:
-    # Evaluation before the optimizer step (the step has not closed yet).
+    # Evaluation over a no-grad loader before the optimizer step (the step
+    # has not closed yet): a no-grad fetch makes the span evaluation at once.
+    s = Script()
+    for i in range(2):
+        s.fetch(1)
+        s.forward(4)
+        s.backward(8)
+        if i == 0:
+            s.fetch(1, grad=False)
+            s.forward(3, grad=False)
+            s.run(1)
+            s.exhausted(1, grad=False)
+        s.step(2)
+        s.run(1)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(
+            0,
+            22,
+            dataloader=1,
+            forward=4,
+            backward=8,
+            optimization=2,
+            excluded=6,
+            calls=(1, 1, 1, 1),
+        ),
+        row(22, 38, dataloader=1, forward=4, backward=8, optimization=2, calls=(1, 1, 1, 1)),
+    ]
+    t = s.tracker
+    assert (t.eval_time, t.eval_passes, t.eval_batches, t.eval_forward_calls) == (6, 1, 1, 1)
+
+
+def test_no_grad_forward_before_the_optimizer_step_is_part_of_the_step() -> None:
+    # No-grad forwards between backward and the optimizer step, with no
+    # loader of their own: the optimizer step after them says they were part
+    # of the step (a target network, a metric on the training batch), so they
+    # count as Forward, not as an evaluation pass.
     s = Script()
     for i in range(2):
         s.fetch(1)
@@ -715,19 +752,11 @@ def test_eval_pass_inside_a_step_is_excluded() -> None:
     s.exhausted(1)
     rows = s.finish()
     assert rows == [
-        row(
-            0,
-            23,
-            dataloader=1,
-            forward=4,
-            backward=8,
-            optimization=2,
-            excluded=7,
-            calls=(1, 1, 1, 1),
-        ),
+        row(0, 23, dataloader=1, forward=10, backward=8, optimization=2, calls=(1, 3, 1, 1)),
         row(23, 39, dataloader=1, forward=4, backward=8, optimization=2, calls=(1, 1, 1, 1)),
     ]
-    assert s.tracker.eval_time == 7
+    t = s.tracker
+    assert (t.eval_time, t.eval_spans, t.eval_passes, t.eval_forward_calls) == (0, 0, 0, 0)
 
 
 def test_no_grad_forward_is_not_evaluation_before_training_is_known() -> None:
@@ -909,3 +938,209 @@ def test_samples_of_evaluation_batches_are_not_training_samples() -> None:
     s.exhausted(1)
     rows = s.finish()
     assert [r[COL["samples"]] for r in rows] == [32, 32]
+
+
+# -- evaluation loops that fetch with gradients on ---------------------------------
+
+
+def grad_fetch_eval_pass(s: Script, batches: int, loaders: int = 1) -> None:
+    """An evaluation loop as HF Trainer and accelerate's docs write it: the
+    fetch runs with gradients on, only the forward is under no_grad.
+    iterator 2; per batch `loaders` fetches of 1 (zipped loaders), forward 3,
+    body 1; then the exhausted fetch 1."""
+    s.new_iterator(2)
+    for _ in range(batches):
+        for _ in range(loaders):
+            s.fetch(1, grad=True, samples=16)
+        s.forward(3, grad=False)
+        s.run(1)
+    s.exhausted(1, grad=True)
+
+
+def test_eval_pass_with_grad_enabled_fetches_is_one_pass_outside_the_steps() -> None:
+    relabels: list[list[str]] = []
+    s = Script()
+    s.tracker.on_relabel = relabels.append
+    s.new_iterator(2)
+    for i in range(4):
+        train_batch(s)
+        if i == 1:
+            grad_fetch_eval_pass(s, 2)
+    s.exhausted(1)
+    rows = s.finish()
+    # The first evaluation fetch ends step 1 (the loop body asked for a
+    # batch); step 2 then holds the evaluation span (44..55: both batches
+    # and the exhausted fetch), excluded, and one training batch.
+    assert rows == [
+        train_row(2),
+        train_row(22, excluded=2),
+        train_row(44, excluded=11),
+        train_row(75),
+    ]
+    assert [step_time(r) for r in rows] == [20, 20, 20, 20]
+    assert [r[COL["samples"]] for r in rows] == [32, 32, 32, 32]
+    t = s.tracker
+    assert (t.eval_passes, t.eval_batches, t.eval_forward_calls) == (1, 2, 2)
+    assert t.eval_time == 11.0
+    # The first batch's forward came before the step's optimizer step, so
+    # its span was provisional until the next fetch: then the last two
+    # ranges (fetch and forward) are named Eval; the second batch's fetch is
+    # renamed as soon as its forward is seen.
+    assert relabels == [["Eval", "Eval"], ["Eval"]]
+
+
+def test_two_eval_passes_with_grad_fetches_count_as_two() -> None:
+    s = Script()
+    for i in range(5):
+        train_batch(s)
+        if i in (1, 3):
+            grad_fetch_eval_pass(s, 3)
+    s.exhausted(1)
+    rows = s.finish()
+    assert len(rows) == 5
+    assert [step_time(r) for r in rows] == [20] * 5
+    assert [r[COL["dataloader_calls"]] for r in rows] == [1] * 5
+    t = s.tracker
+    assert (t.eval_passes, t.eval_batches, t.eval_forward_calls) == (2, 6, 6)
+
+
+def test_zipped_eval_loaders_with_grad_fetches_move_both_batches() -> None:
+    s = Script()
+    for i in range(3):
+        train_batch(s)
+        if i == 0:
+            grad_fetch_eval_pass(s, 2, loaders=2)
+    s.exhausted(1)
+    rows = s.finish()
+    assert [step_time(r) for r in rows] == [20] * 3
+    assert [r[COL["samples"]] for r in rows] == [32] * 3
+    t = s.tracker
+    assert (t.eval_passes, t.eval_batches) == (1, 4)
+
+
+def test_single_batch_eval_with_grad_fetch_ends_with_its_exhausted_fetch() -> None:
+    s = Script()
+    for i in range(3):
+        train_batch(s)
+        if i == 0:
+            grad_fetch_eval_pass(s, 1)
+    s.exhausted(1)
+    rows = s.finish()
+    assert [step_time(r) for r in rows] == [20] * 3
+    assert (s.tracker.eval_passes, s.tracker.eval_batches) == (1, 1)
+
+
+def test_frozen_teacher_forward_under_no_grad_is_part_of_the_step() -> None:
+    # Distillation: fetch, teacher under no_grad, student with gradients,
+    # backward, step. The teacher's forward and the batch are training.
+    relabels: list[list[str]] = []
+    s = Script()
+    s.tracker.on_relabel = relabels.append
+    for _ in range(3):
+        s.fetch(1, samples=32)
+        s.forward(2, ident="teacher", grad=False)
+        s.forward(4)
+        s.backward(8)
+        s.step(2)
+        s.run(3)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(0, 20, dataloader=1, forward=6, backward=8, optimization=2,
+            calls=(1, 2, 1, 1), samples=32),
+        row(20, 40, dataloader=1, forward=6, backward=8, optimization=2,
+            calls=(1, 2, 1, 1), samples=32),
+        row(40, 60, dataloader=1, forward=6, backward=8, optimization=2,
+            calls=(1, 2, 1, 1), samples=32),
+    ]
+    t = s.tracker
+    assert (t.eval_spans, t.eval_passes, t.eval_batches, t.eval_forward_calls) == (0, 0, 0, 0)
+    assert relabels == [["Dataloader", "Forward"]] * 3
+
+
+def test_eval_forward_right_after_the_optimizer_step_is_evaluation() -> None:
+    # No loader: a validation forward after the optimizer step, then the
+    # next step. The step had closed, so the forward is evaluation at once.
+    s = Script()
+    for i in range(3):
+        s.zero_grad(1)
+        s.forward(4)
+        s.backward(8)
+        s.step(2)
+        if i == 0:
+            s.forward(5, grad=False)
+        s.run(1)
+    rows = s.finish()
+    assert [step_time(r) for r in rows] == [16, 16, 15]
+    assert rows[0][COL["excluded"]] == 5
+    assert (s.tracker.eval_passes, s.tracker.eval_forward_calls) == (1, 1)
+
+
+# -- perfrun's own work at a step boundary -----------------------------------------
+
+
+def test_own_work_at_a_step_boundary_is_excluded_from_the_step_and_its_phase() -> None:
+    # The profiler stops and exports its trace inside the fetch that begins
+    # step 2 (in the step-begin callback): 50 s of perfrun's own work.
+    s = Script()
+
+    def on_begin(index: int, t: float) -> None:
+        if index == 2:
+            s.run(50)
+            s.tracker.own_work(t, s.now)
+
+    s.tracker.on_begin = on_begin
+    for _ in range(4):
+        train_batch(s)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows[2] == train_row(40, excluded=50)
+    assert [step_time(r) for r in rows] == [20] * 4
+    assert [r[COL["dataloader"]] for r in rows] == [1] * 4
+    assert (s.tracker.own_calls, s.tracker.own_time) == (1, 50.0)
+
+
+def test_own_work_in_a_fetch_that_ends_the_data_does_not_count_as_end_of_data() -> None:
+    s = Script()
+
+    def on_begin(index: int, t: float) -> None:
+        if index == 2:
+            s.run(50)
+            s.tracker.own_work(t, s.now)
+
+    s.tracker.on_begin = on_begin
+    for _ in range(2):
+        train_batch(s)
+    s.exhausted(1)  # begins step 2, whose own work runs, then StopIteration
+    rows = s.finish()
+    assert [step_time(r) for r in rows] == [20, 20]
+    assert (s.tracker.stop_calls, s.tracker.stop_time) == (1, 1.0)
+
+
+# -- closures -------------------------------------------------------------------------
+
+
+def test_closure_code_outside_its_phases_is_others_not_optimization() -> None:
+    # Lightning's automatic optimization: optimizer.step(closure), the closure
+    # runs the training step's Python (2), forward 4, backward 8, and hooks (1);
+    # the optimizer's own update is 2.
+    s = Script()
+    for _ in range(2):
+        s.fetch(1, samples=32)
+        with s.phase(OPT, OPTIM):
+            with s.phase(CLOSURE):
+                s.run(2)
+                s.forward(4)
+                s.backward(8)
+                s.run(1)
+            s.run(2)
+        s.run(3)
+    s.exhausted(1)
+    rows = s.finish()
+    assert rows == [
+        row(0, 21, dataloader=1, forward=4, backward=8, optimization=2,
+            calls=(1, 1, 1, 1), samples=32),
+        row(21, 42, dataloader=1, forward=4, backward=8, optimization=2,
+            calls=(1, 1, 1, 1), samples=32),
+    ]
+    assert [others(r) for r in rows] == [6, 6]

@@ -659,9 +659,11 @@ class ExtraRow:
     calls: int
     time: float
     detail: Optional[str] = None
+    unit: str = "call"  # what `calls` counts ("pass" for evaluation)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "calls": self.calls, "time": self.time, "detail": self.detail}
+        return {"name": self.name, "calls": self.calls, "time": self.time,
+                "detail": self.detail, "unit": self.unit}
 
 
 @dataclass(frozen=True)
@@ -824,8 +826,10 @@ def _extras(rank: RankResult) -> list[ExtraRow]:
         ("eval", "Eval"),
         ("dataloader_init", "DataLoader start-up"),
         ("stop_iteration", "DataLoader end of data"),
+        ("profiler", "Profiler"),
     )
     for key, name in spec:
+        unit = "call"
         item = extra.get(key)
         if not isinstance(item, Mapping):
             continue
@@ -834,15 +838,28 @@ def _extras(rank: RankResult) -> list[ExtraRow]:
             continue
         detail = None
         if key == "eval":
+            # `calls` is the number of passes; files from before passes were
+            # told apart from batches carry no "passes" key.
+            parts = []
+            batches = _opt_int(item.get("batches"))
+            if batches:
+                parts.append(f"{batches} batches")
             forwards = _opt_int(item.get("forward_calls"))
-            detail = "not counted in steps"
             if forwards:
-                detail = f"{forwards} forward calls, not counted in steps"
+                parts.append(f"{forwards} forward calls")
+            detail = ", ".join(parts + ["not counted in steps"])
+            if "passes" in item:
+                unit = "pass"
+        elif key == "profiler":
+            detail = (
+                "the detailed window's profiler start, stop, trace export and tables, "
+                "not counted in steps"
+            )
         elif key == "dataloader_init":
             detail = "iterator creation and worker start-up, not counted in steps"
         else:
             detail = "StopIteration at the end of each epoch, not counted in steps"
-        out.append(ExtraRow(name, calls, _num(item.get("time")), detail))
+        out.append(ExtraRow(name, calls, _num(item.get("time")), detail, unit))
     return out
 
 

@@ -7,6 +7,9 @@ Correctness rules that Paddle's tables break and these keep:
 * Overview time per event type is the *union* of that type's intervals
   (several threads or streams overlapping are merged before summing), and
   every interval is clipped to the window, so no type exceeds 100%.
+* perfrun's phase ranges nest (forward and backward inside an optimizer
+  step's closure): a phase's time is its range less the phase ranges inside
+  it, as the step rows count it, so the Overview and the Model Summary agree.
 * Others never goes negative (it is a clamped difference).
 * Every table honours every sort key.
 * Ratios with a zero denominator are None (printed as "-"), never a division
@@ -95,6 +98,47 @@ def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
         else:
             j += 1
     return out
+
+
+def subtract(interval: Interval, holes: Sequence[Interval]) -> list[Interval]:
+    """`interval` less the merged, sorted intervals `holes`."""
+    out: list[Interval] = []
+    lo, hi = interval
+    for a, b in holes:
+        if b <= lo or a >= hi:
+            continue
+        if a > lo:
+            out.append((lo, a))
+        lo = max(lo, b)
+    if hi > lo:
+        out.append((lo, hi))
+    return out
+
+
+def exclusive_phases(ranges: Sequence[dict[str, Any]]) -> list[tuple[str, list[Interval]]]:
+    """perfrun's phase ranges (one thread, properly nested) as (phase name,
+    its own intervals: the range less the phase ranges nested in it), in
+    time order."""
+    items = sorted(ranges, key=lambda e: (e["ts"], -e["dur"]))
+    out: list[tuple[str, list[Interval]]] = []
+    children: list[list[Interval]] = []
+    stack: list[int] = []
+    ends: list[float] = []
+    for e in items:
+        start, end = e["ts"], e["ts"] + e["dur"]
+        while stack and start >= ends[-1] - 1e-3:
+            stack.pop()
+            ends.pop()
+        if stack:
+            children[stack[-1]].append((start, end))
+        stack.append(len(out))
+        ends.append(end)
+        out.append((str(e.get("name", ""))[len(PHASE_PREFIX):], [(start, end)]))
+        children.append([])
+    return [
+        (name, subtract(iv[0], merge(kids)) if kids else iv)
+        for (name, iv), kids in zip(out, children)
+    ]
 
 
 # -- names --------------------------------------------------------------------
@@ -263,6 +307,7 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
     compute_gpu: list[Interval] = []
     sync_ops: dict[Any, list[Interval]] = {}
     sync_runtime: list[tuple[Any, Interval]] = []
+    phase_ranges: list[dict[str, Any]] = []
 
     for e in spans:
         cat = e.get("cat")
@@ -273,10 +318,7 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
                 by_type["ProfileStep"].append(iv)
                 calls["ProfileStep"] += 1
             elif name.startswith(PHASE_PREFIX):
-                phase = name[len(PHASE_PREFIX) :]
-                if phase in by_type:
-                    by_type[phase].append(iv)
-                    calls[phase] += 1
+                phase_ranges.append(e)
             elif name.startswith(MODULE_PREFIX):
                 pass  # perfrun's own per-module ranges (the Module Summary's)
             elif is_communication(name):
@@ -333,6 +375,11 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             by_type["Memset"].append(iv)
             calls["Memset"] += 1
             memcpy.setdefault("Memset", []).append(e["dur"] / 1e6)
+
+    for name, own in exclusive_phases(phase_ranges):
+        if name in by_type:
+            by_type[name].extend(own)
+            calls[name] += 1
 
     overview = []
     for t in CPU_TYPES + GPU_TYPES:

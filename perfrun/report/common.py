@@ -84,7 +84,9 @@ def short_hosts(names: list[str]) -> dict[str, str]:
 
 
 def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
 
 
 # -- blocks --------------------------------------------------------------------
@@ -299,7 +301,7 @@ def blocks(report: Report) -> list[Block]:
             unit, factor = time_unit(e.time)
             detail = f" ({e.detail})" if e.detail else ""
             lines.append(
-                f"{e.name}: {plural(e.calls, 'call')}, {fmt_num(e.time, 3, factor)} {unit}{detail}"
+                f"{e.name}: {plural(e.calls, e.unit)}, {fmt_num(e.time, 3, factor)} {unit}{detail}"
             )
         out.append(LinesBlock("extras", "Outside the steps (whole run)", lines))
     if report.problems:

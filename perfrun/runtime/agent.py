@@ -55,6 +55,7 @@ class Agent:
         self.t0_unix = time.time() if t0_unix is None else t0_unix
         self.hooks_state = HookState()
         self.tracker = StepTracker(self.settings.step_on, self._step_begin, self._step_end)
+        self.tracker.on_relabel = self._relabel
         self.phase_clock = PhaseClock(self.tracker)
         # What the hooks report edges to: the phase clock itself, or, when
         # nothing needs a step boundary the moment it happens (timer-only,
@@ -227,6 +228,11 @@ class Agent:
         for listener in self._end_listeners:
             listener(index, t, committed)
 
+    def _relabel(self, names: list[str]) -> None:
+        for target in (self.window, self.gpu_timer):
+            if target is not None:
+                target.relabel(names)
+
     def _request_stop(self) -> None:
         """--stop-after: end the script cleanly, as `sys.exit(0)` would, at
         the start of the first step past the limit."""
@@ -335,9 +341,15 @@ class Agent:
                     "time": self.tracker.stop_time,
                 },
                 "eval": {
-                    "calls": self.tracker.eval_spans,
+                    "calls": self.tracker.eval_passes,
+                    "passes": self.tracker.eval_passes,
+                    "batches": self.tracker.eval_batches,
                     "forward_calls": self.tracker.eval_forward_calls,
                     "time": self.tracker.eval_time,
+                },
+                "profiler": {
+                    "calls": self.tracker.own_calls,
+                    "time": self.tracker.own_time,
                 },
             },
             "dataloaders": list(self.loaders.values()),

@@ -4,7 +4,9 @@ Each phase edge is one clock read and a few list operations. A phase nested
 in another (LBFGS runs forward and backward inside `optimizer.step`) is
 subtracted from its parent, so no time is counted twice; a phase nested in a
 phase of the same kind (`GradScaler.step` calling `optimizer.step`) is one
-call. Analysis happens after the run, never here.
+call. Every edge but those folded calls reaches the listener (NVTX, CUDA
+events, the window's ranges), nested or not, so the trace and the timeline
+show the phases the rows count. Analysis happens after the run, never here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Callable, Optional
 
 from .steps import StepTracker
 
-# Called at each top-level phase edge: (kind, is_enter, is_eval).
+# Called at each phase edge, nested ones included: (kind, is_enter, is_eval).
 EdgeListener = Callable[[int, bool, bool], None]
 
 
@@ -41,8 +43,14 @@ class PhaseClock:
                 stack.append(top)
                 return
             stack.append([kind, t, 0.0, top[3]])
+            if self.listener is not None:
+                self.listener(kind, True, top[3])
             return
-        is_eval = self.tracker.begin(kind, t, grad, ident)
+        tracker = self.tracker
+        is_eval = tracker.begin(kind, t, grad, ident)
+        if tracker.resume > t:
+            # perfrun's own work ran at this edge (see StepTracker.own_work).
+            t = tracker.resume
         if self.listener is not None:
             self.listener(kind, True, is_eval)
         stack.append([kind, t, 0.0, is_eval])
@@ -63,7 +71,7 @@ class PhaseClock:
         duration = t - t0
         if stack:
             stack[-1][2] += duration
-        elif self.listener is not None:
+        if self.listener is not None:
             self.listener(kind, False, is_eval)
         if failed:
             self.tracker.end(kind, t, duration - child, is_eval, failed=True)
@@ -77,7 +85,7 @@ class PhaseClock:
         if self.stack and self.stack[-1] is entry:
             return (self.now(), False)
         kind, t0, _child, is_eval = entry
-        if not self.stack and self.listener is not None:
+        if self.listener is not None:
             self.listener(kind, False, is_eval)
         return (t0, is_eval)
 

@@ -10,17 +10,26 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Optional
 
-PHASE_NAMES = ("Dataloader", "Forward", "Backward", "Optimization", "Optimization")
+# By phase kind (runtime/steps.py); a closure's range is "Closure".
+PHASE_NAMES = ("Dataloader", "Forward", "Backward", "Optimization", "Optimization", "Closure")
+_KIND_OF_NAME = {"Dataloader": 0, "Forward": 1}
 
 
 class CudaPhaseTimer:
+    """GPU time per phase, exclusive of the phases nested in it (forward
+    and backward inside an optimizer step's closure), as the CPU side counts
+    it."""
+
     def __init__(self, torch: Any) -> None:
         self._event_cls = torch.cuda.Event
         self._pool: list[Any] = []
-        self._open: Optional[Any] = None
-        self._phases: list[tuple[int, Any, Any]] = []
+        # Open phases: [kind, is_eval, start event, [(start, end) of children]].
+        self._stack: list[list[Any]] = []
+        # Ended phases of the open step: [kind, is_eval, start, end, children].
+        self._phases: list[list[Any]] = []
+        self._top: list[int] = []  # indices into _phases of top-level ones
         self._step_start: Optional[Any] = None
-        # (row index, start event, end event, [(kind, start, end), ...])
+        # (row index, start event, end event, phases)
         self._pending: deque = deque()
 
     def _record(self) -> Any:
@@ -29,21 +38,36 @@ class CudaPhaseTimer:
         return ev
 
     def edge(self, kind: int, enter: bool, is_eval: bool) -> None:
-        if is_eval:
-            return
         if enter:
-            self._open = self._record()
-        elif self._open is not None:
-            self._phases.append((kind, self._open, self._record()))
-            self._open = None
+            self._stack.append([kind, is_eval, self._record(), []])
+        elif self._stack:
+            kind, is_eval, start, children = self._stack.pop()
+            end = self._record()
+            if self._stack:
+                self._stack[-1][3].append((start, end))
+            else:
+                self._top.append(len(self._phases))
+            self._phases.append([kind, is_eval, start, end, children])
+
+    def relabel(self, names: list[str]) -> None:
+        """The step tracker renamed the last top-level phases (see
+        StepTracker.on_relabel): count their GPU time where it now says."""
+        if not names:
+            return
+        for index, name in zip(self._top[-len(names):], names[-len(self._top):]):
+            phase = self._phases[index]
+            phase[1] = name == "Eval"
+            if name in _KIND_OF_NAME:
+                phase[0] = _KIND_OF_NAME[name]
 
     def step_begin(self, index: int, t: float) -> None:
         self._step_start = self._record()
         self._phases = []
+        self._top = []
 
     def step_end(self, index: int, t: float, committed: bool) -> None:
         start, phases = self._step_start, self._phases
-        self._step_start, self._phases = None, []
+        self._step_start, self._phases, self._top = None, [], []
         if not committed or start is None:
             return
         self._pending.append((index, start, self._record(), phases))
@@ -53,6 +77,7 @@ class CudaPhaseTimer:
         Returns the index of the first unresolved row (all rows before it are
         final)."""
         pending = self._pending
+        pool = self._pool
         while pending:
             index, start, end, phases = pending[0]
             if not end.query():
@@ -60,15 +85,17 @@ class CudaPhaseTimer:
             pending.popleft()
             row = rows[index]
             sums = [0.0, 0.0, 0.0, 0.0]
-            for kind, a, b in phases:
-                sums[min(kind, 3)] += a.elapsed_time(b) / 1000.0
-                self._pool.append(a)
-                self._pool.append(b)
+            for kind, is_eval, a, b, children in phases:
+                if not is_eval and kind < len(PHASE_NAMES) - 1:
+                    own = a.elapsed_time(b) - sum(c.elapsed_time(d) for c, d in children)
+                    sums[min(kind, 3)] += own / 1000.0
+                pool.append(a)
+                pool.append(b)
             for i in range(4):
                 row[col_base + i] = sums[i]
             row[col_base + 4] = start.elapsed_time(end) / 1000.0
-            self._pool.append(start)
-            self._pool.append(end)
+            pool.append(start)
+            pool.append(end)
         return len(rows)
 
 

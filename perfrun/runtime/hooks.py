@@ -13,6 +13,18 @@ Rules every wrapper follows:
   Forward calls nested in another forward, in a fetch (transform modules) or
   in a backward (activation recomputation) pass straight through after one
   integer test.
+* torch.compile never sees perfrun: Dynamo inlines `nn.Module.__call__` (so,
+  ours) when it traces a module call, and would guard on whatever the
+  wrapper reads. The wrapper's first test is `is_dynamo_compiling()`, which
+  Dynamo folds to True without a guard and which is False in eager code, so
+  a traced call goes straight to the original and perfrun adds no guard and
+  no recompile.
+* The one argument a hook changes is an optimizer step's closure
+  (`optimizer.step(closure)`): it is passed on wrapped in a callable that
+  calls it once with the same arguments and returns its result, so the
+  closure's own Python (a Lightning `training_step`, its hooks) is timed
+  apart from the optimizer's update and counted where the same code counts
+  outside a closure.
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from .steps import BWD, DATA, FWD, OPT, ZERO
+from .steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO
 
 _MARK = "__perfrun_wrapped__"
 
@@ -31,11 +43,14 @@ class HookState:
     outermost": it counts open forwards, fetches and backwards (and is set
     very high to switch every hook off)."""
 
-    __slots__ = ("block", "main_thread")
+    __slots__ = ("block", "main_thread", "backward")
 
     def __init__(self) -> None:
         self.block = 0
         self.main_thread = threading.get_ident()
+        # Open backward calls: module forwards run inside one are
+        # recomputation (activation checkpointing), not forward.
+        self.backward = 0
 
 
 OFF = 1 << 30
@@ -77,10 +92,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     roots_seen = agent.roots.ids
     see_root = agent.roots.see
+    compiling = dynamo_compiling(torch)
 
     # -- forward: the outermost nn.Module call ----------------------------------
     def make_call(orig_call: Callable) -> Callable:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                # Traced by Dynamo: nothing of perfrun's is read, so no guard.
+                return orig_call(self, *args, **kwargs)
             if state.block or get_ident() != main:
                 return orig_call(self, *args, **kwargs)
             state.block += 1
@@ -117,6 +136,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             if state.block >= OFF or get_ident() != main:
                 return orig(*args, **kwargs)
             state.block += 1
+            state.backward += 1
             try:
                 enter(BWD)
             except Exception as exc:
@@ -125,12 +145,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 result = orig(*args, **kwargs)
             except BaseException:
                 state.block -= 1
+                state.backward -= 1
                 try:
                     leave(True)
                 except Exception as exc:
                     fault("backward", exc)
                 raise
             state.block -= 1
+            state.backward -= 1
             try:
                 leave()
             except Exception as exc:
@@ -171,8 +193,68 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
         return make
 
+    def timed_closure(closure: Callable, live: list[bool]) -> Callable:
+        """`closure`, timed as a phase of its own inside the step (its own
+        time is Others). Calls outside the step it was passed to (an
+        optimizer keeping it) pass straight through."""
+
+        def closure_call(*args: Any, **kwargs: Any) -> Any:
+            if not live[0] or state.block >= OFF or get_ident() != main:
+                return closure(*args, **kwargs)
+            try:
+                enter(CLOSURE)
+            except Exception as exc:
+                fault("optimizer.closure", exc)
+            try:
+                result = closure(*args, **kwargs)
+            except BaseException:
+                try:
+                    leave(True)
+                except Exception as exc:
+                    fault("optimizer.closure", exc)
+                raise
+            try:
+                leave()
+            except Exception as exc:
+                fault("optimizer.closure", exc)
+            return result
+
+        return closure_call
+
+    def make_step(orig: Callable) -> Callable:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if state.block >= OFF or get_ident() != main:
+                return orig(*args, **kwargs)
+            live = [False]
+            try:
+                enter(OPT, True, id(args[0]) if args else None)
+                if len(args) > 1 and callable(args[1]):
+                    live[0] = True
+                    args = (args[0], timed_closure(args[1], live), *args[2:])
+                elif callable(kwargs.get("closure")):
+                    live[0] = True
+                    kwargs = {**kwargs, "closure": timed_closure(kwargs["closure"], live)}
+            except Exception as exc:
+                fault("optimizer.step", exc)
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException:
+                live[0] = False
+                try:
+                    leave(True)
+                except Exception as exc:
+                    fault("optimizer.step", exc)
+                raise
+            live[0] = False
+            try:
+                leave()
+            except Exception as exc:
+                fault("optimizer.step", exc)
+            return result
+
+        return step
+
     optim = torch.optim.Optimizer
-    make_step = make_phase(OPT, "optimizer.step")
 
     def patch_step(cls: type) -> None:
         # Each optimizer class defines its own `step`; wrap it the first time
@@ -265,6 +347,22 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     patch(dataloader_mod.DataLoader, "__iter__", make_iter)
     return undo
+
+
+def dynamo_compiling(torch: Any) -> Callable[[], bool]:
+    """The check Dynamo folds to a constant (no guard) and eager code pays
+    for with one call: `torch.compiler.is_dynamo_compiling` (torch >= 2.3;
+    `is_compiling` before it; nothing to check before torch.compile)."""
+    compiler = getattr(torch, "compiler", None)
+    for name in ("is_dynamo_compiling", "is_compiling"):
+        fn = getattr(compiler, name, None)
+        if callable(fn):
+            return fn
+    return _never
+
+
+def _never() -> bool:
+    return False
 
 
 def _batch_size(batch: Any, depth: int = 0) -> int:

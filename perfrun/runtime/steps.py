@@ -27,6 +27,27 @@ The rules (documented in the README):
   events form one span, which is timed and counted apart (the Eval row) and
   subtracted from the step it falls in, so evaluation neither adds steps nor
   inflates batch_cost.
+* A fetch belongs to the pass of the forward that consumes it. Evaluation
+  loops often fetch with gradients on and wrap only the forward in
+  `no_grad` (HF Trainer, accelerate's documented loop): such fetches are
+  counted as training until the next event shows what consumed them; when it
+  is an evaluation forward they are moved out of the step (time, calls,
+  samples) into the evaluation span. A pass runs from its first evaluation
+  event to the next training event that is not a fetch; passes and their
+  batches are counted apart.
+* A no-grad forward inside a step that has not reached its optimizer step
+  may be training all the same (a frozen teacher, a target network): its
+  span is provisional until the next event. A fetch (or the end of data, or
+  of the run) after it makes it evaluation; a training event (a forward with
+  gradients, backward, an optimizer call) gives it back to the step, the
+  forward as Forward and its batch as Dataloader. A span that starts with a
+  no-grad fetch, or after the step's optimizer step, is evaluation at once.
+* Where such a decision renames a phase already begun, the `on_relabel`
+  callback names the last top-level phases again (the window's trace ranges
+  follow the rows; NVTX ranges, pushed live, keep their first name).
+* perfrun's own work at a step boundary (the profiler's start, stop, trace
+  export and tables, at the edges of the detailed window) is reported by
+  `own_work` and excluded from the step, like iterator creation.
 * DataLoader iterator creation (worker start-up) and the fetch that raises
   StopIteration are excluded in the same way; the latter also ends the
   current step when it has closed, since it marks the end of the loop body.
@@ -38,13 +59,16 @@ The rules (documented in the README):
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 # Phase kinds. ZERO_GRAD counts as Optimization time but never closes a step.
-DATA, FWD, BWD, OPT, ZERO = 0, 1, 2, 3, 4
-KIND_NAMES = ("dataloader", "forward", "backward", "optimization", "zero_grad")
-# Column (in the step row) each kind's time is added to.
-_COLUMN = (0, 1, 2, 3, 3)
+# CLOSURE is the closure an optimizer step runs (`optimizer.step(closure)`):
+# its own time (minus the phases inside it) is no phase of its own but goes
+# where the same code goes outside a closure, to Others.
+DATA, FWD, BWD, OPT, ZERO, CLOSURE = 0, 1, 2, 3, 4, 5
+KIND_NAMES = ("dataloader", "forward", "backward", "optimization", "zero_grad", "closure")
+# Column (in the step row) each kind's time is added to (-1: none, Others).
+_COLUMN = (0, 1, 2, 3, 3, -1)
 
 _CLOSERS = {
     "optimizer": (OPT,),
@@ -54,6 +78,9 @@ _CLOSERS = {
 }
 
 StepCallback = Callable[[int, float], None]
+# (names): the last len(names) top-level phases of the open step are now
+# these ("Dataloader", "Forward", "Eval").
+RelabelCallback = Callable[[list[str]], None]
 # (index, time, committed): committed is False when a step that had just
 # opened is cancelled (its leading fetch raised StopIteration).
 EndCallback = Callable[[int, float, bool], None]
@@ -77,6 +104,7 @@ class StepTracker:
         self.step_on = step_on
         self.on_begin = on_begin
         self.on_end = on_end
+        self.on_relabel: Optional[RelabelCallback] = None
         self.rows: list[list] = []
         # What the script has shown so far.
         self.optimizer_seen = False  # set by the hooks when an optimizer is built
@@ -104,6 +132,31 @@ class StepTracker:
         self.eval_time = 0.0
         self.eval_spans = 0
         self.eval_forward_calls = 0
+        # Evaluation passes (a pass may hold several spans when its fetches
+        # run with gradients on) and the batches they fetched.
+        self.in_pass = False
+        self.eval_passes = 0
+        self.eval_batches = 0
+        # Top-level fetches since the last other event, counted as training
+        # until what consumes them is known: [start, exclusive time, samples].
+        self.fetches: list[list] = []
+        self.fetch_start = 0.0
+        self.fetch_open = False  # the top-level phase now open is a fetch
+        # The span is open over such fetches (they may still be evaluation).
+        self.eval_held = False
+        # The open span is known to be evaluation (else: provisional, see
+        # the rules), and what it took from the step, to give back.
+        self.eval_sure = True
+        self.span_undo: list[Any] = []
+        self.span_fetches = [0.0, 0, 0]  # time, calls, samples moved in
+        self.span_forwards = [0.0, 0]  # no-grad forwards: time, calls
+        self.span_events = 0  # top-level phases in the span
+        # perfrun's own work at step boundaries (profiler start/stop/export).
+        self.own_calls = 0
+        self.own_time = 0.0
+        # A phase that began at an edge where perfrun's own work ran starts
+        # when that work ended (read by the clock after `begin`).
+        self.resume = 0.0
         # Excluded DataLoader work, for the report.
         self.init_calls = 0
         self.init_time = 0.0
@@ -115,6 +168,7 @@ class StepTracker:
         self.calls = [0, 0, 0, 0]
         self.samples = 0
         self.excl = 0.0
+        self.fetches = []
 
     # -- queries ------------------------------------------------------------
 
@@ -135,33 +189,65 @@ class StepTracker:
     def begin(self, kind: int, t: float, grad: bool = True, ident: object = None) -> bool:
         """A top-level phase starts at `t`. `ident` names the object behind it
         (the module called, the optimizer stepped). Returns True when the
-        event is evaluation."""
+        event is evaluation (provisionally so: see the rules)."""
         # is_eval(), inlined: this runs at every phase edge.
         if (
             not grad
             and (kind == FWD or kind == DATA)
             and (self.optimizer_seen or self.training_seen)
         ):
-            if not self.eval_open:
-                self.eval_open = True
-                self.eval_start = t
-                self.eval_spans += 1
+            self.fetch_open = False
+            if kind == DATA:
+                if self.eval_open:
+                    self._span_is_sure()  # a fetch after the forward
+                    if self.fetches:
+                        self._fetches_were_training()
+                if not self.eval_open:
+                    self._open_eval(t, True)
+            else:
+                if not self.eval_open:
+                    start = self.fetches[0][0] if self.fetches else t
+                    self._open_eval(start, not self.open or self.closed)
+                if self.fetches:
+                    self._fetches_were_eval()
+            self.span_events += 1
             return True
         if self.eval_open:
-            self._close_eval()
-        if kind == BWD or kind == OPT:
-            self.training_seen = True
+            if kind == DATA:
+                # A fetch after an evaluation forward: the span is evaluation;
+                # the fetch may still be (gradients on, only the forward under
+                # no_grad), so the span stays open until what consumes it says.
+                self._span_is_sure()
+                self.eval_held = True
+            elif self.eval_sure:
+                self.fetches = []
+                self._close_eval()
+            else:
+                self._span_was_training()
+        elif self.fetches and kind != DATA:
+            self.fetches = []
+        self.fetch_open = kind == DATA
         if kind == DATA:
             self.train_data_seen = True
+            self.fetch_start = t
+        else:
+            self.in_pass = False
+            self.fetches = []
+            if kind == BWD or kind == OPT:
+                self.training_seen = True
         if self.open:
             if self.closed and (
                 kind == DATA
                 if self.train_data_seen
                 else kind == self.first_kind and ident == self.first_ident
             ):
+                if self.eval_open:
+                    self._close_eval()
                 self._commit(t, self.excl)
                 self._open(t, kind, ident)
         else:
+            if self.eval_open:
+                self._close_eval()
             self._open(t, kind, ident)
         return False
 
@@ -176,12 +262,22 @@ class StepTracker:
             self.eval_tail = 0.0
             if kind == FWD:
                 self.eval_forward_calls += 1
+                self.span_forwards[0] += exclusive
+                self.span_forwards[1] += 1
+            elif kind == DATA and not failed:
+                self.eval_batches += 1
             return
         if not self.open:
             return
         col = _COLUMN[kind]
+        if col < 0:
+            return  # a closure's own time: Others
         self.acc[col] += exclusive
         self.calls[col] += 1
+        if kind == DATA and self.fetch_open:
+            self.fetch_open = False
+            if not failed:
+                self.fetches.append([self.fetch_start, exclusive, 0])
         if kind == ZERO or failed:
             return
         step_on = self.step_on
@@ -200,11 +296,25 @@ class StepTracker:
             self.samples_at_close = self.samples
 
     def add_samples(self, n: int) -> None:
-        # A batch fetched by an evaluation pass is no training sample: the
-        # span is still open right after its fetch (a training fetch closes
-        # it in `begin`).
-        if self.open and not self.eval_open:
+        """The top-level fetch that just ended returned `n` samples. A batch
+        fetched by an evaluation pass is no training sample: only a fetch
+        counted as training (`fetches`) adds its samples, and takes them back
+        if an evaluation forward turns out to consume it."""
+        if self.open and self.fetches:
             self.samples += n
+            self.fetches[-1][2] += n
+
+    def own_work(self, t0: float, t1: float) -> None:
+        """perfrun's own work ran from t0 to t1 at a step boundary (the
+        profiler's start, stop, trace export): not step time. The phase being
+        entered starts at t1."""
+        self.own_calls += 1
+        self.own_time += t1 - t0
+        if self.open:
+            self.excl += t1 - t0
+        if self.fetch_open:
+            self.fetch_start = t1
+        self.resume = t1
 
     def excluded(self, t0: float, t1: float) -> None:
         """DataLoader iterator creation (worker start-up): not step time."""
@@ -223,13 +333,19 @@ class StepTracker:
         it was no batch. Undo what its start did and end the loop body's step."""
         self.stop_calls += 1
         self.stop_time += t1 - t0
-        if is_eval:
+        if is_eval or self.eval_held:
+            # The end of an evaluation loader (fetched with gradients on or
+            # off): part of the pass.
             self.eval_last = t1
             self.eval_tail = 0.0
+            if self.eval_open:
+                self._span_is_sure()
             return
         if not self.open:
             return
-        if self.start == t0 and self.first_kind == DATA and not any(self.calls):
+        # (`t0` may be later than the step's start when perfrun's own work
+        # ran at that edge: see own_work.)
+        if self.start <= t0 and self.first_kind == DATA and not any(self.calls):
             # This very fetch opened the step (and ended the previous one at
             # t0, which is right: the loop body ended when it asked for more).
             self.open = False
@@ -255,8 +371,77 @@ class StepTracker:
 
     # -- internals ------------------------------------------------------------
 
+    def _open_eval(self, t: float, sure: bool) -> None:
+        self.span_undo = [self.eval_spans, self.eval_passes, self.eval_batches,
+                          self.eval_forward_calls, self.in_pass]
+        self.eval_open = True
+        self.eval_sure = sure
+        self.eval_start = t
+        self.eval_last = t
+        self.eval_spans += 1
+        self.span_fetches = [0.0, 0, 0]
+        self.span_forwards = [0.0, 0]
+        self.span_events = 0
+        if not self.in_pass:
+            self.in_pass = True
+            self.eval_passes += 1
+
+    def _fetches_were_eval(self) -> None:
+        """The fetches since the last other event fed an evaluation forward:
+        move them out of the step into the (open) evaluation span."""
+        fetches, self.fetches = self.fetches, []
+        moved = self.span_fetches
+        for _start, exclusive, samples in fetches:
+            self.acc[0] -= exclusive
+            self.calls[0] -= 1
+            self.samples -= samples
+            self.eval_batches += 1
+            moved[0] += exclusive
+            moved[1] += 1
+            moved[2] += samples
+        self.span_events += len(fetches)
+        self.eval_held = False
+        if self.eval_sure and self.on_relabel is not None:
+            self.on_relabel(["Eval"] * len(fetches))
+
+    def _span_is_sure(self) -> None:
+        """A provisional span turned out to be evaluation (a fetch follows
+        it): the batches it took from the step are now named so too."""
+        if not self.eval_sure:
+            self.eval_sure = True
+            if self.span_fetches[1] and self.on_relabel is not None:
+                self.on_relabel(["Eval"] * self.span_events)
+
+    def _fetches_were_training(self) -> None:
+        self.fetches = []
+        if self.eval_held:
+            # The span ends with its last evaluation event, before the fetch.
+            self._close_eval()
+
+    def _span_was_training(self) -> None:
+        """A training event follows a provisional span (a no-grad forward in
+        the middle of a step, e.g. a frozen teacher): give the span back to
+        the step, its batches as Dataloader and its forwards as Forward."""
+        (self.eval_spans, self.eval_passes, self.eval_batches,
+         self.eval_forward_calls, self.in_pass) = self.span_undo
+        self.eval_open = False
+        self.eval_held = False
+        data, fwd = self.span_fetches, self.span_forwards
+        if self.open:
+            self.acc[0] += data[0]
+            self.calls[0] += data[1]
+            self.samples += data[2]
+            self.acc[1] += fwd[0]
+            self.calls[1] += fwd[1]
+            self.excl += self.eval_tail
+        self.eval_tail = 0.0
+        if self.on_relabel is not None:
+            self.on_relabel(["Dataloader"] * data[1]
+                            + ["Forward"] * (self.span_events - data[1]))
+
     def _close_eval(self) -> None:
         self.eval_open = False
+        self.eval_held = False
         span = self.eval_last - self.eval_start
         if span < 0:
             span = 0.0

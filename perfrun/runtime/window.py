@@ -8,6 +8,12 @@ recorded as `record_function` ranges, so they show in the trace, and get a
 track of their own there. When the window closes the trace is exported into
 the run folder and summarised (analysis/trace.py) into the rank's results,
 so `perfrun report` prints the window tables without re-reading the trace.
+
+The profiler's start, its per-step bookkeeping, its stop, the trace export
+and the tables all run inside a step-begin callback, that is inside the
+phase edge that begins a step: each is reported to the step tracker as
+perfrun's own work (StepTracker.own_work), so no step and no phase is
+charged with it, and the report gives its total on a line of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ class ProfilerWindow:
         self.result: Optional[dict[str, Any]] = None
         self._cuda_capture = False
         self._roots_known = 0
+        self._now = time.perf_counter
+        # Names of the top-level phase ranges of each recorded step, in
+        # order, as the step tracker finally decided them (see relabel).
+        self.names: dict[int, list[str]] = {}
+        self._step_names: Optional[list[str]] = None
         # cudaProfilerStart/Stop calls (and where they would be, on CPU).
         self.capture: list[dict[str, Any]] = []
 
@@ -60,6 +71,9 @@ class ProfilerWindow:
 
     def step_begin(self, index: int, t: float) -> None:
         self.last_index = index
+        if self.state == "done":
+            return
+        t0 = self._now()
         reopened, self._reopen = index == self._reopen, None
         if self.state == "waiting":
             if index == self.start - self.warm or (
@@ -72,6 +86,7 @@ class ProfilerWindow:
             self.prof.step()
             if index >= self.end:
                 self._stop(index - 1)
+                self.agent.tracker.own_work(t0, self._now())
                 return
             if len(self.agent.roots.ids) != self._roots_known:
                 # A model first called after the window opened (every model,
@@ -79,26 +94,42 @@ class ProfilerWindow:
                 self._attach_modules()
         if self.state == "running" and index >= self.start:
             self._step_handle = self._enter(f"{STEP_PREFIX}{index}", None)
+            self._step_names = self.names[index] = []
+        self.agent.tracker.own_work(t0, self._now())
 
     def step_end(self, index: int, t: float, committed: bool) -> None:
         if committed:
             self.last_committed = index
         else:
             self._reopen = index
+        self._step_names = None
         if self._step_handle is not None:
             handle, self._step_handle = self._step_handle, None
             self._exit(handle)
             if not committed:
                 self.cancelled[index] = self.cancelled.get(index, 0) + 1
+                self.names.pop(index, None)
 
     def edge(self, kind: int, enter: bool, is_eval: bool) -> None:
         if self.state != "running":
             return
         if enter:
             name = "Eval" if is_eval else PHASE_NAMES[kind]
+            if not self._handles and self._step_names is not None:
+                self._step_names.append(name)
             self._handles.append(self._enter(PHASE_PREFIX + name, None))
         elif self._handles:
             self._exit(self._handles.pop())
+
+    def relabel(self, names: list[str]) -> None:
+        """The step tracker renamed the last top-level phases of the open
+        step (an evaluation batch fetched with gradients on, a no-grad
+        forward that was training): their trace ranges are renamed at
+        export."""
+        current = self._step_names
+        if current and names:
+            k = min(len(current), len(names))
+            current[len(current) - k:] = names[len(names) - k:]
 
     # -- the profiler ------------------------------------------------------------
 
@@ -209,6 +240,7 @@ class ProfilerWindow:
         os.unlink(raw)
         events = trace.get("traceEvents", [])
         _drop_cancelled(events, self.cancelled)
+        rename_phases(events, self.names)
         steps = self.end - (self.recorded_from or self.start)
         if self.last_committed < self.end - 1:
             steps = max(0, self.last_committed + 1 - (self.recorded_from or self.start))
@@ -263,6 +295,48 @@ def _drop_cancelled(events: list[dict[str, Any]], cancelled: dict[int, int]) -> 
             and any(_within(e, a, b) for a, b in spans)
         )
     ]
+
+
+def rename_phases(events: list[dict[str, Any]], names: dict[int, list[str]]) -> int:
+    """Give the top-level phase ranges of each recorded step the names the
+    step tracker settled on (`names[step]`, in order), where the tracker
+    renamed a phase after its range had begun. A step whose ranges do not
+    match its list one for one is left as it is. Returns the ranges renamed."""
+    if not names:
+        return 0
+    steps: dict[int, tuple[float, float]] = {}
+    phases: list[dict[str, Any]] = []
+    for e in events:
+        if e.get("cat") != "user_annotation" or "dur" not in e:
+            continue
+        name = str(e.get("name", ""))
+        if name.startswith(STEP_PREFIX):
+            try:
+                steps[int(name[len(STEP_PREFIX):])] = (e["ts"], e["ts"] + e["dur"])
+            except ValueError:
+                pass
+        elif name.startswith(PHASE_PREFIX):
+            phases.append(e)
+    phases.sort(key=lambda e: (e["ts"], -e["dur"]))
+    top: list[dict[str, Any]] = []
+    end = float("-inf")
+    for e in phases:
+        if e["ts"] >= end - 1e-3:  # not inside the previous top-level range
+            top.append(e)
+            end = e["ts"] + e["dur"]
+    renamed = 0
+    for index, wanted in names.items():
+        span = steps.get(index)
+        if span is None:
+            continue
+        inside = [e for e in top if span[0] - 1e-3 <= e["ts"] and e["ts"] <= span[1] + 1e-3]
+        if len(inside) != len(wanted):
+            continue
+        for e, name in zip(inside, wanted):
+            if e["name"] != PHASE_PREFIX + name:
+                e["name"] = PHASE_PREFIX + name
+                renamed += 1
+    return renamed
 
 
 def _within(e: dict[str, Any], a: float, b: float) -> bool:
