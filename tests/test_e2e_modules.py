@@ -150,6 +150,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         ["--scheduler", "1", "3", GAN, "--steps", "5", "--names", str(base / "gan.json")],
     )
     out["gan_names"] = base / "gan.json"
+    out["checkpoint"] = Background(
+        base / "checkpoint",
+        ["--scheduler", "2", "5", BLOCKS, "--steps", "6", "--checkpoint", *SLOW],
+    )
     out["direct"] = Background(
         base / "direct", ["--scheduler", "2", "4", BLOCKS, "--steps", "5", "--direct"]
     )
@@ -220,6 +224,26 @@ def test_slow_block_comes_first_among_its_siblings(runs: dict[str, Any]) -> None
     assert group["members"] == BLOCKS_N
 
 
+def test_recomputation_under_checkpointing_is_backward_not_forward(
+    runs: dict[str, Any],
+) -> None:
+    # Each block's forward runs twice per step (once forward, once again in
+    # backward); only the first is its Forward, so the blocks' forwards fit
+    # inside the model's, and the recomputed slow block shows as recompute,
+    # inside its Backward.
+    run = finished(runs, "checkpoint", steps=6)
+    rows = {r["name"]: r for r in module_summary(run)["modules"]}
+    blocks = [rows[f"transformer.h.{i}"] for i in range(BLOCKS_N)]
+    root = rows["TinyGPT"]
+    assert {b["calls"] for b in blocks} == {3}
+    assert sum(b["forward"] for b in blocks) <= root["forward"]
+    slow = rows[f"transformer.h.{SLOW_BLOCK}"]
+    assert slow["recompute"] >= 0.8 * 3 * SLOW_MS / 1e3, slow
+    assert slow["backward"] >= slow["recompute"], slow
+    assert slow["forward"] / slow["calls"] <= 3.0 * SLOW_MS / 1e3, slow
+    assert root["recompute"] == 0.0
+
+
 def test_printed_report_shows_the_module_summary(runs: dict[str, Any]) -> None:
     out = finished(runs, "slow").out
     assert "Module Summary" in out
@@ -230,7 +254,8 @@ def test_printed_report_shows_the_module_summary(runs: dict[str, Any]) -> None:
     # The footer may be wrapped to the report's width.
     flat = " ".join(table.split())
     assert re.search(
-        rf"transformer\.h\.\*: {BLOCKS_N} blocks, .*? slowest transformer\.h\.{SLOW_BLOCK} "
+        rf"transformer\.h\.\* \(Block\): {BLOCKS_N} blocks, .*? "
+        rf"slowest transformer\.h\.{SLOW_BLOCK} "
         r"[\d.]+ ms \(\+\d+% vs median\) <- stands out",
         flat,
     ), table

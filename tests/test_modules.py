@@ -142,7 +142,7 @@ def test_auto_depth_on_other_shapes() -> None:
 
 def test_two_roots_get_their_class_as_prefix() -> None:
     gen, disc = Generator(), Discriminator()
-    tree: dict[str, tuple[int, str]] = {}
+    tree: dict[str, tuple[int, str, str]] = {}
     targets = qualified_names([gen, disc, nn.BCEWithLogitsLoss()], None, tree)
     names = {name for _, name in targets.values()}
     expected = {f"Generator.{n}" if n else "Generator" for n, _ in gen.named_modules()}
@@ -150,9 +150,9 @@ def test_two_roots_get_their_class_as_prefix() -> None:
     assert names == expected
     assert targets[id(gen.net[2])] == (gen.net[2], "Generator.net.2")
     assert targets[id(disc)] == (disc, "Discriminator")
-    assert tree["Generator"] == (0, "")
-    assert tree["Generator.net"] == (1, "Generator")
-    assert tree["Discriminator.net.1"] == (2, "Discriminator.net")
+    assert tree["Generator"] == (0, "", "Generator")
+    assert tree["Generator.net"] == (1, "Generator", "Sequential")
+    assert tree["Discriminator.net.1"] == (2, "Discriminator.net", type(disc.net[1]).__name__)
 
 
 def test_two_roots_of_one_class_are_numbered() -> None:
@@ -175,13 +175,13 @@ def test_loss_modules_without_children_are_skipped() -> None:
 
 def test_tree_gives_depth_and_parent() -> None:
     model = GPT(blocks=2)
-    tree: dict[str, tuple[int, str]] = {}
+    tree: dict[str, tuple[int, str, str]] = {}
     qualified_names([model], None, tree)
-    assert tree["GPT"] == (0, "")
-    assert tree["transformer"] == (1, "GPT")
-    assert tree["lm_head"] == (1, "GPT")
-    assert tree["transformer.h"] == (2, "transformer")
-    assert tree["transformer.h.1"] == (3, "transformer.h")
+    assert tree["GPT"][:2] == (0, "")
+    assert tree["transformer"][:2] == (1, "GPT")
+    assert tree["lm_head"] == (1, "GPT", "Linear")
+    assert tree["transformer.h"] == (2, "transformer", "ModuleList")
+    assert tree["transformer.h.1"][:2] == (3, "transformer.h")
 
 
 # -- ModuleRanges: hooks only while attached ---------------------------------------------------
@@ -456,6 +456,7 @@ def test_group_blocks_flags_the_slow_sibling() -> None:
     assert groups == [
         {
             "pattern": "transformer.h.*",
+            "type": None,
             "members": 6,
             "total": 10.0,
             "median": 1.0,
@@ -569,3 +570,40 @@ def test_stands_out_footer() -> None:
     even = [row(f"h.{i}", "", 1.0, 1) for i in range(4)]
     block = _module_block({"modules": even, "groups": group_blocks(even)}, {}, "ms", 1e3)
     assert "stands out" not in block.footer[0]
+
+
+def test_only_siblings_of_one_class_are_grouped() -> None:
+    # nn.Sequential(Linear, ReLU, Linear, ReLU, Linear): three Linear and
+    # two ReLU siblings, never "5 blocks"; the slow Linear stands out only
+    # against the other Linears.
+    kinds = ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
+    totals = [2.0, 0.1, 6.0, 0.1, 2.0]
+    rows = [{"name": "Sequential", "total": 10.2, "type": "Sequential"}]
+    rows += [{"name": str(i), "total": t, "type": k} for i, (t, k) in enumerate(zip(totals, kinds))]
+    groups = {g["type"]: g for g in group_blocks(rows)}
+    assert set(groups) == {"Linear", "ReLU"}
+    assert (groups["Linear"]["members"], groups["Linear"]["slowest"]) == (3, "2")
+    assert groups["ReLU"]["members"] == 2
+    assert outstanding(list(groups.values())) == [groups["Linear"]]
+
+
+def test_compiled_model_is_one_opaque_module_named_by_the_model() -> None:
+    model = GPT(blocks=2)
+    compiled = torch.compile(model, backend="eager")  # nothing is compiled until called
+    tree: dict[str, tuple[int, str, str]] = {}
+    targets = qualified_names([compiled], None, tree)
+    assert list(targets.values()) == [(compiled, "GPT")]
+    assert tree == {"GPT": (0, "", "GPT (compiled)")}
+
+
+def test_nothing_is_hooked_inside_a_compiled_submodule() -> None:
+    model = GPT(blocks=2)
+    model.transformer.h[1] = torch.compile(model.transformer.h[1], backend="eager")
+    model.lm_head.compile(backend="eager")  # compiled in place: not hooked at all
+    tree: dict[str, tuple[int, str, str]] = {}
+    names = {name for _, name in qualified_names([model], 99, tree).values()}
+    assert "transformer.h.1" in names
+    assert tree["transformer.h.1"][2].endswith("(compiled)")
+    assert not any(n.startswith("transformer.h.1.") for n in names)
+    assert not any(n.startswith("lm_head") for n in names)
+    assert "transformer.h.0.attn" in names

@@ -9,6 +9,14 @@ module's backward time is the total of the backward ops whose sequence
 numbers belong to forward ops run inside the module's ranges (its submodules
 included). GPU time, where there is a GPU, is the kernels launched by those
 ops (linked by External id).
+
+Recomputation under activation checkpointing (`perfrun.recompute: NAME`
+ranges, a module's forward run again inside backward) is part of the
+backward op that triggered it, so it is already in Backward; it is shown
+apart as Recompute and never added to Forward.
+
+Repeated blocks are grouped only among siblings of one class, so a
+Sequential of Linear and ReLU layers is not "5 blocks".
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 MODULE_PREFIX = "perfrun.module: "
+RECOMPUTE_PREFIX = "perfrun.recompute: "
 _BACKWARD = "autograd::engine::evaluate_function:"
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
@@ -37,23 +46,33 @@ def summarize_modules(
     qualified name to (depth, parent name) as the hooks saw the model."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     ranges: list[tuple[float, float, str, Any]] = []
+    recomputed: dict[str, float] = {}
     order: dict[str, int] = {}
     for e in spans:
         name = e.get("name", "")
-        if e.get("cat") == "user_annotation" and name.startswith(MODULE_PREFIX):
+        if e.get("cat") != "user_annotation":
+            continue
+        if name.startswith(MODULE_PREFIX):
             qual = name[len(MODULE_PREFIX) :]
             ranges.append((e["ts"], e["ts"] + e["dur"], qual, e.get("tid")))
             order.setdefault(qual, len(order))
+        elif name.startswith(RECOMPUTE_PREFIX):
+            qual = name[len(RECOMPUTE_PREFIX) :]
+            recomputed[qual] = recomputed.get(qual, 0.0) + e["dur"] / 1e6
     if not ranges:
-        return {"recorded": False, "modules": [], "groups": []}
+        opaque = [q for q, v in (tree or {}).items()
+                  if len(v) > 2 and str(v[2]).endswith("(compiled in place)")]
+        return {"recorded": False, "modules": [], "groups": [], "opaque": opaque}
     stats: dict[str, dict[str, Any]] = {
         q: {
             "name": q,
             "depth": _depth(q, tree),
             "parent": _parent(q, tree),
+            "type": _kind(q, tree),
             "calls": 0,
             "forward": 0.0,
             "backward": 0.0,
+            "recompute": recomputed.get(q, 0.0),
             "gpu_forward": None,
             "gpu_backward": None,
         }
@@ -167,6 +186,12 @@ def _depth(name: str, tree: Optional[dict[str, Any]]) -> int:
     return name.count(".")
 
 
+def _kind(name: str, tree: Optional[dict[str, Any]]) -> Optional[str]:
+    if tree and name in tree and len(tree[name]) > 2:
+        return str(tree[name][2])
+    return None
+
+
 def _parent(name: str, tree: Optional[dict[str, Any]]) -> str:
     if tree and name in tree:
         return str(tree[name][1])
@@ -174,15 +199,16 @@ def _parent(name: str, tree: Optional[dict[str, Any]]) -> str:
 
 
 def group_blocks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Repeated blocks (`h.0` … `h.11`) aggregated by class and position, so
-    one slow block stands out against its siblings."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    """Repeated blocks (`h.0` … `h.11`) aggregated by position and class, so
+    one slow block stands out against its siblings of the same kind (rows
+    from files without a class are grouped by position alone)."""
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for r in rows:
         p = pattern(r["name"])
         if p != r["name"]:
-            groups.setdefault(p, []).append(r)
+            groups.setdefault((p, r.get("type")), []).append(r)
     out = []
-    for p, members in groups.items():
+    for (p, kind), members in groups.items():
         if len(members) < 2:
             continue
         totals = [m["total"] for m in members]
@@ -191,6 +217,7 @@ def group_blocks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "pattern": p,
+                "type": kind,
                 "members": len(members),
                 "total": sum(totals),
                 "median": median,

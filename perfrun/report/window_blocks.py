@@ -92,6 +92,7 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
     has_gpu = any(
         r.get("gpu_forward") is not None or r.get("gpu_backward") is not None for r in rows_in
     )
+    has_recompute = any((r.get("recompute") or 0.0) > 0 for r in rows_in)
     if sort_by == "name":
         ordered = [(r, 0) for r in sorted(rows_in, key=lambda r: r["name"])]
     elif sort_by == "cpu-total":
@@ -111,6 +112,8 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
             fmt_num(r["forward"], 3, f),
             fmt_num(r["backward"], 3, f),
         ]
+        if has_recompute:
+            row.append(fmt_num(r.get("recompute") or 0.0, 3, f))
         if has_gpu:
             row += [fmt_num(r.get("gpu_forward"), 3, f), fmt_num(r.get("gpu_backward"), 3, f)]
         row.append(_pct(r.get("share")))
@@ -121,6 +124,8 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
         Column(f"Forward ({unit})"),
         Column(f"Backward ({unit})"),
     ]
+    if has_recompute:
+        columns.append(Column(f"of which recompute ({unit})"))
     if has_gpu:
         columns += [Column("GPU fwd"), Column("GPU bwd")]
     columns.append(Column("Share of step (%)"))
@@ -128,8 +133,10 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
     for g in modules.get("groups", [])[:limit]:
         vs = g.get("slowest_vs_median")
         flag = "  <- stands out" if vs is not None and vs > 0.2 else ""
+        kind = f" ({g['type']})" if g.get("type") else ""
         footer.append(
-            f"{g['pattern']}: {g['members']} blocks, {fmt_num(g['total'], 3, f)} {unit} in all, "
+            f"{g['pattern']}{kind}: {g['members']} blocks, "
+            f"{fmt_num(g['total'], 3, f)} {unit} in all, "
             f"median {fmt_num(g['median'], 3, f)} {unit}; slowest {g['slowest']} "
             f"{fmt_num(g['slowest_total'], 3, f)} {unit}"
             + (f" ({vs * 100:+.0f}% vs median){flag}" if vs is not None else "")
@@ -139,6 +146,15 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
         "backward from each forward op's autograd sequence number; "
         "a module's time includes its submodules'",
     ]
+    if has_recompute:
+        info.append("recompute: forwards run again inside backward (activation "
+                    "checkpointing), counted in Backward")
+    compiled = [r["name"] for r in rows_in if str(r.get("type") or "").endswith("(compiled)")]
+    if compiled:
+        info.append(
+            f"compiled (torch.compile runs it as one graph; perfrun does not look inside): "
+            f"{', '.join(compiled[:5])}"
+        )
     return TableBlock("module", "Module Summary", info, columns, rows, footer=footer)
 
 
@@ -201,6 +217,12 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
     modules = s.get("modules") or {}
     if modules.get("recorded"):
         out.append(_module_block(modules, view, unit, f))
+    elif modules.get("opaque"):
+        out.append(LinesBlock("module", "Module Summary", [
+            f"{name}: compiled in place (model.compile()); torch.compile runs it as one graph "
+            "and perfrun does not look inside it or hook it (a hook would add a guard)"
+            for name in modules["opaque"]
+        ]))
 
     ops = s.get("operators", [])
     if ops and show("op"):

@@ -145,7 +145,8 @@ class Agent:
         if self.window is not None or self._nsys_here():
             domain = self.nvtx.domain if self.nvtx is not None else None
             self.module_ranges = ModuleRanges(torch, self.settings.module_depth, domain,
-                                              record=self.window is not None)
+                                              record=self.window is not None,
+                                              state=self.hooks_state)
         self._update_listener()
 
     def _setup_window(self, torch: Any) -> None:

@@ -129,6 +129,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         return __call__
 
     patch(torch.nn.Module, "__call__", make_call)
+    skip_frame(torch.nn.Module.__call__)
 
     # -- backward ---------------------------------------------------------------
     def make_backward(orig: Callable) -> Callable:
@@ -363,6 +364,27 @@ def dynamo_compiling(torch: Any) -> Callable[[], bool]:
 
 def _never() -> bool:
     return False
+
+
+def skip_frame(fn: Callable) -> None:
+    """Tell Dynamo never to compile `fn`'s own frame, only the frames it
+    calls, as it treats torch's own `nn.Module.__call__`: otherwise a module
+    call Dynamo resumes at (after a graph break, or `model.compile()`) would
+    compile perfrun's wrapper as user code, one code object shared by every
+    module class, each class a recompile. Inlined into a traced call, the
+    wrapper still folds to the original (see `dynamo_compiling`). Private
+    API, the same call `torch._dynamo.disable(fn, recursive=False)` makes;
+    without it perfrun works as before, and torch._dynamo is not imported."""
+    try:
+        from torch._C._dynamo import eval_frame  # type: ignore[import-not-found]
+
+        action = eval_frame._FrameAction
+        eval_frame.set_code_exec_strategy(
+            getattr(fn, "__code__", fn),
+            eval_frame._FrameExecStrategy(action.SKIP, action.DEFAULT),
+        )
+    except Exception:
+        pass
 
 
 def _batch_size(batch: Any, depth: int = 0) -> int:

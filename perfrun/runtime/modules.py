@@ -8,6 +8,16 @@ run under --nsys without a window) and removed afterwards: outside that, the
 per-step cost stays the core's. Backward time per module needs no backward
 hooks (which can break in-place operations): analysis/modules.py maps each
 forward op's autograd sequence number to its backward op in the trace.
+
+A module's forward that runs inside a backward is recomputation (activation
+checkpointing): its range is named `perfrun.recompute: NAME`, so the Module
+Summary counts it in Backward, never as the module's forward.
+
+Compiled regions are opaque: torch.compile runs them as graphs, a hook
+registered inside one is either ignored or a guard that recompiles the
+user's code. So perfrun hooks a compiled module (`torch.compile(model)`'s
+wrapper) as one leaf, names it by the model it wraps, and never registers
+anything inside it or on a module compiled in place (`model.compile()`).
 """
 
 from __future__ import annotations
@@ -16,7 +26,20 @@ import weakref
 from typing import Any, Optional
 
 MODULE_PREFIX = "perfrun.module: "
+RECOMPUTE_PREFIX = "perfrun.recompute: "
 MAX_AUTO_DEPTH = 6
+
+
+def compiled_inner(module: Any) -> Any:
+    """The model a `torch.compile` wrapper (OptimizedModule) runs, or None
+    when `module` is no such wrapper."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if inner is not None and type(module).__name__ == "OptimizedModule" else None
+
+
+def compiled_in_place(module: Any) -> bool:
+    """`module.compile()` was called: its own call runs a compiled graph."""
+    return getattr(module, "_compiled_call_impl", None) is not None
 
 
 def auto_depth(root: Any) -> int:
@@ -48,57 +71,84 @@ def auto_depth(root: Any) -> int:
 
 
 def qualified_names(
-    roots: list[Any], depth: Optional[int], tree: Optional[dict[str, tuple[int, str]]] = None
+    roots: list[Any], depth: Optional[int], tree: Optional[dict[str, tuple[int, str, str]]] = None
 ) -> dict[int, tuple[Any, str]]:
     """id(module) -> (module, qualified name) for every module to hook.
 
     A single model keeps `named_modules()` names; with several roots (a GAN's
     generator and discriminator) each name is prefixed by its root's class,
     numbered when two roots share one. Roots without submodules (loss
-    modules) are left out: their forward is already a phase of its own."""
-    trees = [r for r in roots if any(True for _ in r.children())]
+    modules) are left out: their forward is already a phase of its own.
+    `tree` gets, per name, (depth below its root, parent's name, class) for
+    the table; a compiled region shows as one module whose class reads
+    `Model (compiled)`."""
+    trees = [r for r in roots if compiled_inner(r) is not None or any(True for _ in r.children())]
     out: dict[int, tuple[Any, str]] = {}
     seen_labels: dict[str, int] = {}
     for root in trees:
+        inner = compiled_inner(root)
         label = ""
         if len(trees) > 1:
-            base = type(root).__name__
+            base = type(inner if inner is not None else root).__name__
             k = seen_labels.get(base, 0)
             seen_labels[base] = k + 1
             label = base if k == 0 else f"{base}#{k}"
+        if inner is not None or compiled_in_place(root):
+            # Opaque: the root alone (a hook on the wrapper runs outside the
+            # graph; nothing is registered on a module compiled in place).
+            if inner is not None:
+                qual = label or type(inner).__name__
+                out[id(root)] = (root, qual)
+                if tree is not None:
+                    tree[qual] = (0, "", f"{type(inner).__name__} (compiled)")
+            elif tree is not None:
+                qual = label or type(root).__name__
+                tree[qual] = (0, "", f"{type(root).__name__} (compiled in place)")
+            continue
         limit = depth if depth is not None else auto_depth(root)
+        opaque: list[str] = []
+        root_qual = label or type(root).__name__
         for name, module in root.named_modules():
             d = name.count(".") + 1 if name else 0
             if d > limit or id(module) in out:
                 continue
-            if not name:
-                qual = label or type(root).__name__
-                root_qual = qual
-            else:
-                qual = f"{label}.{name}" if label else name
+            if any(name.startswith(p + ".") for p in opaque):
+                continue  # inside a compiled region
+            wrapped = compiled_inner(module)
+            if wrapped is not None or compiled_in_place(module):
+                opaque.append(name)
+            if compiled_in_place(module):
+                continue
+            qual = root_qual if not name else (f"{label}.{name}" if label else name)
             out[id(module)] = (module, qual)
             if tree is not None:
-                # (depth below its root, parent's qualified name) for the table.
+                # (depth below its root, parent's qualified name, class).
                 parent = name.rsplit(".", 1)[0] if "." in name else ""
                 parent_qual = (f"{label}.{parent}" if label else parent) if parent else root_qual
-                tree[qual] = (d, parent_qual if name else "")
+                kind = type(wrapped if wrapped is not None else module).__name__
+                if wrapped is not None:
+                    kind += " (compiled)"
+                tree[qual] = (d, parent_qual if name else "", kind)
     return out
 
 
 class ModuleRanges:
     def __init__(self, torch: Any, depth: Optional[int], nvtx_domain: Any = None,
-                 record: bool = True) -> None:
+                 record: bool = True, state: Any = None) -> None:
         self.depth = depth
         self.record = record
+        # The hooks' state: `backward` > 0 while a backward runs.
+        self._state = state
         self._enter = torch.ops.profiler._record_function_enter_new
         self._exit = torch.ops.profiler._record_function_exit
         self._domain = nvtx_domain
         self._handles: list[Any] = []
         self._names: dict[int, str] = {}
         self._attrs: dict[int, Any] = {}
+        self._recompute_attrs: dict[int, Any] = {}
         self._open: list[tuple[Any, bool]] = []
         self.calls = 0  # hook calls, for the test that no hook runs outside
-        self.tree: dict[str, tuple[int, str]] = {}
+        self.tree: dict[str, tuple[int, str, str]] = {}
 
     @property
     def attached(self) -> bool:
@@ -110,6 +160,8 @@ class ModuleRanges:
             self._names[key] = name
             if self._domain is not None:
                 self._attrs[key] = self._domain.get_event_attributes(message=name)
+                self._recompute_attrs[key] = self._domain.get_event_attributes(
+                    message="recompute: " + name)
             self._handles.append(module.register_forward_pre_hook(self._pre))
             self._handles.append(module.register_forward_hook(self._post, always_call=True))
         return len(targets)
@@ -127,10 +179,12 @@ class ModuleRanges:
         name = self._names.get(key)
         if name is None:
             return
-        handle = self._enter(MODULE_PREFIX + name, None) if self.record else None
+        recompute = self._state is not None and self._state.backward > 0
+        prefix = RECOMPUTE_PREFIX if recompute else MODULE_PREFIX
+        handle = self._enter(prefix + name, None) if self.record else None
         pushed = False
         if self._domain is not None:
-            self._domain.push_range(self._attrs[key])
+            self._domain.push_range((self._recompute_attrs if recompute else self._attrs)[key])
             pushed = True
         self._open.append((handle, pushed))
 

@@ -5,7 +5,9 @@ with no submodules). Block `--slow-block` busy-waits `--slow-ms` in its
 forward, so the tests know which block costs the most and by how much.
 
 `--names FILE` writes the model's `named_modules()` names; `--direct` calls
-`model.forward(x)` instead of `model(x)`. One optimizer step per iteration,
+`model.forward(x)` instead of `model(x)`; `--checkpoint` runs each block
+under activation checkpointing (`torch.utils.checkpoint`, non-reentrant),
+so its forward runs again inside backward. One optimizer step per iteration,
 no DataLoader: the run is deterministic in its steps and module calls.
 """
 
@@ -14,6 +16,7 @@ import json
 import time
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -35,8 +38,10 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int, width: int, blocks: int, slow_block: int, slow_s: float):
+    def __init__(self, vocab: int, width: int, blocks: int, slow_block: int, slow_s: float,
+                 checkpoint: bool = False):
         super().__init__()
+        self.checkpoint = checkpoint
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(vocab, width),
@@ -51,7 +56,10 @@ class TinyGPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.transformer.wte(idx)
         for block in self.transformer.h:
-            x = block(x)
+            if self.checkpoint:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
 
 
@@ -63,12 +71,13 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--names", default=None)
     parser.add_argument("--direct", action="store_true")
+    parser.add_argument("--checkpoint", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     vocab = 50
-    model = TinyGPT(vocab, 16, args.blocks, args.slow_block, args.slow_ms / 1e3)
+    model = TinyGPT(vocab, 16, args.blocks, args.slow_block, args.slow_ms / 1e3, args.checkpoint)
     if args.names:
         with open(args.names, "w") as f:
             json.dump([name for name, _ in model.named_modules()], f)

@@ -1,0 +1,80 @@
+"""torch.compile under perfrun: no guard and no recompile of perfrun's own.
+
+Dynamo traces `nn.Module.__call__` (perfrun's wrapper) when it compiles a
+module call, and compiles frames where it resumes; anything the wrapper read
+would become a guard, and a wrapper frame compiled as user code would be
+recompiled for every module class. The tests run a compiled model with
+`TORCH_LOGS=recompiles,guards` under plain python and under perfrun (with
+and without the detailed window, whose module hooks must not reach inside
+the compiled region either) and compare every guard and recompile line, with
+addresses and numbers blanked out.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import RunPerfrun, e2e_environment
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "train_compiled.py")
+
+pytestmark = pytest.mark.slow
+
+
+def dynamo_log(text: str) -> list[str]:
+    """Guard and recompile lines: what they check, not where or when."""
+    out = []
+    for line in text.splitlines():
+        for tag in ("[__guards]", "[__recompiles]"):
+            if tag in line:
+                body = line.split(tag, 1)[1].split("  #")[0].split(" # ")[0]
+                body = re.sub(r"0x[0-9a-f]+|\d+", "N", body).rstrip()
+                if body.strip():
+                    out.append(tag + body)
+    return out
+
+
+def env_with_logs() -> dict[str, str]:
+    env = e2e_environment()
+    env["TORCH_LOGS"] = "recompiles,guards"
+    return env
+
+
+@pytest.mark.parametrize("mode", ["wrap", "inplace"])
+def test_perfrun_adds_no_guard_and_no_recompile(
+    mode: str, run_perfrun: RunPerfrun, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    plain = subprocess.run(
+        [sys.executable, SCRIPT, "--mode", mode], cwd=tmp_path, env=env_with_logs(),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert plain.returncode == 0, plain.stderr
+    expected = dynamo_log(plain.stderr)
+    assert any("[__guards]" in line for line in expected)
+    assert any("[__recompiles]" in line for line in expected)  # the script's own
+    for options in ([], ["--scheduler", "3", "8"]):
+        run = run_perfrun(*options, SCRIPT, "--mode", mode, env=env_with_logs(),
+                          json_report=False, timeout=300)
+        assert run.returncode == 0, run.describe()
+        assert dynamo_log(run.err) == expected, (options, run.err[-3000:])
+        assert "perfrun" not in "\n".join(
+            line for line in run.err.splitlines() if "[__guards]" in line or "recompil" in line
+        )
+        assert run.rank0().data["faults"] == []
+        if options:
+            summary = run.rank0().data["window_summary"]["modules"]
+            if mode == "wrap":
+                rows = summary["modules"]
+                assert [(r["name"], r["type"]) for r in rows] == [
+                    ("Sequential", "Sequential (compiled)")
+                ]
+                assert "does not look inside" in run.out
+            else:
+                assert summary["recorded"] is False
+                assert summary["opaque"] == ["Sequential"]
+                assert "compiled in place" in run.out
