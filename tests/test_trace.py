@@ -693,3 +693,53 @@ def test_window_tables_honour_sort_row_limit_and_unit() -> None:
     assert tables["operator"].rows[1][2] == "0.240"
     assert [r[0] for r in tables["memcpy"].rows][:-1] == ["Memcpy DtoH", "Memcpy HtoD", "Memset"]
     assert {"rank 0 (CPU)", "rank 0 (GPU)"} == {r[0] for r in tables["distributed"].rows}
+
+
+# -- nested phases: the Overview counts what the step rows count ---------------------
+
+
+def test_overview_phase_time_excludes_phases_nested_in_it() -> None:
+    # Lightning's automatic optimization: Optimization 0..100 holds a
+    # Closure 5..80, which holds Forward 10..30 and Backward 40..70. The rows
+    # count Optimization 25 (the update), Forward 20, Backward 30 and the
+    # closure's own 25 as Others; the Overview must say the same.
+    events = [
+        ann("perfrun: ProfileStep#3", 0, 110),
+        ann("perfrun: Dataloader", 0, 0),
+        ann("perfrun: Optimization", 0, 100),
+        ann("perfrun: Closure", 5, 80),
+        ann("perfrun: Forward", 10, 30),
+        ann("perfrun: Backward", 40, 70),
+    ]
+    rows = {r["type"]: r for r in summarize(events, 1)["overview"]}
+    got = {t: (rows[t]["calls"], rows[t]["time"]) for t in ("Optimization", "Forward", "Backward")}
+    assert got == {
+        "Optimization": (1, pytest.approx(25 * US)),
+        "Forward": (1, pytest.approx(20 * US)),
+        "Backward": (1, pytest.approx(30 * US)),
+    }
+    assert "Closure" not in rows
+
+
+def test_rename_phases_follows_the_step_trackers_final_names() -> None:
+    from perfrun.runtime.window import rename_phases
+
+    # Step 4: an evaluation batch fetched with gradients on (named Dataloader
+    # when it began, Eval once its forward was seen), then its forward.
+    events = [
+        ann("perfrun: ProfileStep#4", 0, 100),
+        ann("perfrun: Dataloader", 1, 10),
+        ann("perfrun: Eval", 11, 30),
+        ann("perfrun: Dataloader", 40, 50),
+        ann("perfrun: Forward", 51, 60),
+        ann("perfrun: Closure", 52, 58),  # nested: not one of the step's top-level phases
+        ann("perfrun: ProfileStep#5", 100, 120),
+        ann("perfrun: Dataloader", 101, 102),
+    ]
+    renamed = rename_phases(events, {4: ["Eval", "Eval", "Dataloader", "Forward"], 5: ["X", "Y"]})
+    assert renamed == 1
+    assert [e["name"] for e in events][1:5] == [
+        "perfrun: Eval", "perfrun: Eval", "perfrun: Dataloader", "perfrun: Forward",
+    ]
+    # Step 5's list does not match its ranges one for one: left as it was.
+    assert events[-1]["name"] == "perfrun: Dataloader"
