@@ -147,6 +147,19 @@ def rank_window(rank: RankResult) -> Optional[tuple[int, int]]:
     return None
 
 
+def profiled_steps(rank: RankResult) -> Optional[tuple[int, int]]:
+    """The steps torch.profiler ran over: the window and, before it, the
+    profiler's warm-up step (profiled, its events discarded, and as slow as
+    the window's). Files without the field: the window."""
+    profiled = rank.data.get("profiled")
+    if isinstance(profiled, (list, tuple)) and len(profiled) == 2:
+        try:
+            return int(profiled[0]), int(profiled[1])
+        except (TypeError, ValueError):
+            pass
+    return rank_window(rank)
+
+
 def steady_indices(
     n_rows: int,
     warmup: int,
@@ -176,7 +189,7 @@ def steady_rows(
     `exclude_window=False` to keep the window's steps.
     """
     if window is None:
-        window = rank_window(rank)
+        window = profiled_steps(rank)
     return [rank.rows[i] for i in steady_indices(len(rank.rows), warmup, window, exclude_window)]
 
 
@@ -958,7 +971,8 @@ def build_report(
         sched = settings["scheduler"]
         if len(sched) == 2:
             window = (int(sched[0]), int(sched[1]))
-    counted_idx = steady_indices(n_rows, warmup, window, exclude_window)
+    profiled = profiled_steps(ref) if ref else None
+    counted_idx = steady_indices(n_rows, warmup, profiled or window, exclude_window)
     after_warmup = steady_indices(n_rows, warmup)
     title = Title(
         command=_command(run, ref),

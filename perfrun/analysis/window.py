@@ -99,7 +99,11 @@ def window_report(
             report.ranks.append(RankWindow(rank.rank, summary))
     rows = ref.rows
     inside = [rows[i] for i in range(start, min(end, len(rows)))]
-    outside = [rows[i] for i in range(warmup, len(rows)) if not start <= i < end]
+    first = start
+    profiled = ref.data.get("profiled")
+    if isinstance(profiled, (list, tuple)) and len(profiled) == 2 and isinstance(profiled[0], int):
+        first = min(start, profiled[0])  # the profiler's warm-up step is no outside step
+    outside = [rows[i] for i in range(warmup, len(rows)) if not first <= i < end]
     if inside:
         report.model = model_summary(inside)
         report.window_median = statistics.median(step_time(r) for r in inside)

@@ -324,6 +324,10 @@ class Agent:
             "env": self._env(),
             "settings": {k: v for k, v in json.loads(self.settings.to_json()).items()},
             "window": list(self.settings.scheduler) if self.settings.scheduler else None,
+            "profiled": (
+                [self.window.start - self.window.warm, self.window.end]
+                if self.window is not None else None
+            ),
             "window_summary": self.window.result if self.window is not None else None,
             "nsys_capture": self.window.capture if self.window is not None else None,
             "module_hook_calls": (
