@@ -25,6 +25,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Optional
 
+from .annotations import range_api
+
 MODULE_PREFIX = "perfrun.module: "
 RECOMPUTE_PREFIX = "perfrun.recompute: "
 MAX_AUTO_DEPTH = 6
@@ -139,8 +141,7 @@ class ModuleRanges:
         self.record = record
         # The hooks' state: `backward` > 0 while a backward runs.
         self._state = state
-        self._enter = torch.ops.profiler._record_function_enter_new
-        self._exit = torch.ops.profiler._record_function_exit
+        self._enter, self._exit = range_api(torch)
         self._domain = nvtx_domain
         self._handles: list[Any] = []
         self._names: dict[int, str] = {}
@@ -181,7 +182,7 @@ class ModuleRanges:
             return
         recompute = self._state is not None and self._state.backward > 0
         prefix = RECOMPUTE_PREFIX if recompute else MODULE_PREFIX
-        handle = self._enter(prefix + name, None) if self.record else None
+        handle = self._enter(prefix + name) if self.record else None
         pushed = False
         if self._domain is not None:
             self._domain.push_range((self._recompute_attrs if recompute else self._attrs)[key])

@@ -27,6 +27,7 @@ from typing import Any, Optional
 from ..analysis.modules import summarize_modules
 from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, summarize
 from ..results import atomic_write_text
+from .annotations import as_annotations, range_api
 from .gpu import PHASE_NAMES
 
 # A trace larger than this is written gzipped (Perfetto and TensorBoard read both).
@@ -54,8 +55,7 @@ class ProfilerWindow:
         self.cancelled: dict[int, int] = {}
         self._handles: list[Any] = []
         self._step_handle: Any = None
-        self._enter = torch.ops.profiler._record_function_enter_new
-        self._exit = torch.ops.profiler._record_function_exit
+        self._enter, self._exit = range_api(torch)
         self.result: Optional[dict[str, Any]] = None
         self._cuda_capture = False
         self._roots_known = 0
@@ -93,7 +93,7 @@ class ProfilerWindow:
                 # where step 0 starts with a DataLoader fetch): hook it too.
                 self._attach_modules()
         if self.state == "running" and index >= self.start:
-            self._step_handle = self._enter(f"{STEP_PREFIX}{index}", None)
+            self._step_handle = self._enter(f"{STEP_PREFIX}{index}")
             self._step_names = self.names[index] = []
         self.agent.tracker.own_work(t0, self._now())
 
@@ -117,7 +117,7 @@ class ProfilerWindow:
             name = "Eval" if is_eval else PHASE_NAMES[kind]
             if not self._handles and self._step_names is not None:
                 self._step_names.append(name)
-            self._handles.append(self._enter(PHASE_PREFIX + name, None))
+            self._handles.append(self._enter(PHASE_PREFIX + name))
         elif self._handles:
             self._exit(self._handles.pop())
 
@@ -239,6 +239,7 @@ class ProfilerWindow:
             trace = json.load(f)
         os.unlink(raw)
         events = trace.get("traceEvents", [])
+        as_annotations(events)
         _drop_cancelled(events, self.cancelled)
         rename_phases(events, self.names)
         steps = self.end - (self.recorded_from or self.start)
