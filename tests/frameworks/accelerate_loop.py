@@ -1,0 +1,132 @@
+"""🤗 Accelerate, as its docs write the loop: `Accelerator(
+gradient_accumulation_steps=2)`, `with accelerator.accumulate(model):`
+around each micro-batch, `accelerator.backward(loss)`, `optimizer.step()`,
+`scheduler.step()` and `optimizer.zero_grad()` every micro-batch (the
+prepared optimizer only really steps when `accelerator.sync_gradients`), and
+an evaluation loop after each epoch written as in accelerate's
+examples/nlp_example.py: the fetch runs with gradients ON and only the
+forward is inside `torch.no_grad()`; predictions are gathered with
+`accelerator.gather_for_metrics`.
+
+A classifier of Linear layers on synthetic features, on the CPU. Every
+batch, training and evaluation, costs the same fixed CPU work in the
+collate_fn (fetch_work), so the Reader Ratio is the same from run to run.
+
+Prints the loss and accuracy after each epoch and, last, one
+FRAMEWORK_COUNTS line: the iterations where `accelerator.sync_gradients` was
+true (the optimizer steps), the evaluation passes and batches.
+"""
+
+import json
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+EPOCHS = 2  # one evaluation pass after each
+STEPS_PER_EPOCH = 80  # optimizer steps
+BATCH = 64
+FEATURES = 256
+HIDDEN = 512
+ACCUM = 2
+EVAL_BATCHES = 3
+
+
+#: Every batch costs the same fixed work, of the same kind and size as the
+#: model's own: FETCH_ROUNDS products of a batch of activations with a
+#: matrix the size of the model's largest weight (about 0.5 ms here).
+FETCH_INPUT = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0))
+FETCH_MATRIX = torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(1))
+FETCH_ROUNDS = 1
+
+
+def fetch_work() -> None:
+    """Fixed CPU work of the same kind and size as the model's. A wall-clock
+    busy-wait keeps its length while a loaded machine slows the model down,
+    and a small product that stays in cache slows down less than the model
+    under memory contention: either way the Reader Ratio would move with the
+    load of the machine (by 2 to 18 points from run to run on a 2-core
+    machine running pytest -n 2). This slows down with the model."""
+    for _ in range(FETCH_ROUNDS):
+        torch.mm(FETCH_INPUT, FETCH_MATRIX)
+
+
+def busy_collate(samples):
+    """The default collate plus a fixed amount of CPU work (fetch_work)."""
+    batch = torch.utils.data.default_collate(samples)
+    fetch_work()
+    return batch
+
+
+def dataset(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=g)
+    y = (x[:, :4].sum(dim=1) > 0).long()
+    return TensorDataset(x, y)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUM)
+    set_seed(0)
+    model = nn.Sequential(
+        nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+        nn.Linear(HIDDEN, 2),
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+    train_dataloader = DataLoader(
+        dataset(STEPS_PER_EPOCH * ACCUM * BATCH, seed=1),
+        batch_size=BATCH,
+        shuffle=True,
+        collate_fn=busy_collate,
+    )
+    eval_dataloader = DataLoader(
+        dataset(EVAL_BATCHES * BATCH, seed=2), batch_size=BATCH, collate_fn=busy_collate
+    )
+    model, optimizer, train_dataloader, eval_dataloader, scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, scheduler
+    )
+
+    steps = eval_passes = eval_batches = 0
+    for epoch in range(EPOCHS):
+        model.train()
+        for inputs, targets in train_dataloader:
+            with accelerator.accumulate(model):
+                outputs = model(inputs)
+                loss = F.cross_entropy(outputs, targets)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                steps += 1
+
+        model.eval()
+        correct = total = 0
+        for inputs, targets in eval_dataloader:
+            with torch.no_grad():
+                outputs = model(inputs)
+            predictions = outputs.argmax(dim=-1)
+            predictions, references = accelerator.gather_for_metrics((predictions, targets))
+            correct += int((predictions == references).sum())
+            total += references.numel()
+            eval_batches += 1
+        eval_passes += 1
+        accelerator.print(f"epoch {epoch}: loss {loss.item():.6f} accuracy {correct / total:.4f}")
+
+    counts = {
+        "optimizer_steps": steps,
+        "eval_passes": eval_passes,
+        "eval_batches": eval_batches,
+        "train_batch_size": BATCH,
+        "accumulation": accelerator.gradient_accumulation_steps,
+    }
+    print("FRAMEWORK_COUNTS " + json.dumps(counts, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
