@@ -31,7 +31,7 @@ class FakeEvent:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: "FakeEvent") -> float:
+    def elapsed_time(self, end: FakeEvent) -> float:
         return (end.t - self.t) * 1e3
 
 
