@@ -29,6 +29,13 @@ e. a detailed window changes neither the Reader Ratio (by 2 points at most)
    nor the advice;
 f. in the window, the Overview and the Model Summary agree on each phase's
    calls and time.
+
+e and f compare times, between whole runs or between the trace and perfrun's
+clock: on a shared machine with other tests running beside them, load alone
+can move a pair of runs past the limits now and then. When the first pair
+fails e or f, a second pair (perfrun, perfrun with a window) is run and the
+check fails only if it fails there too, with both pairs' figures: a fault of
+perfrun's shows in every pair.
 """
 
 from __future__ import annotations
@@ -269,6 +276,11 @@ CHECKS: list[tuple[str, Callable[[Stack, StackRuns], None]]] = [
 ]
 
 
+#: Checks that compare times between whole runs: given a second pair of runs
+#: when the first pair fails them (see test_framework).
+TIMED_CHECKS = (check_window_keeps_reader_ratio_and_advice, check_window_overview_matches_model)
+
+
 @pytest.mark.parametrize("stack", [pytest.param(s, id=s.id) for s in STACKS])
 def test_framework(
     stack: Stack,
@@ -290,6 +302,32 @@ def test_framework(
     # What every script promises, checked once, before perfrun is judged.
     assert runs.counts["optimizer_steps"] > stack.window[1] + 5, runs.counts
     assert runs.counts["eval_passes"] >= 2, runs.counts
+    again: list[StackRuns] = []
+
+    def second_pair() -> StackRuns:
+        if not again:
+            again.append(StackRuns(
+                direct,
+                run_perfrun(stack.path, env=framework_env),
+                run_perfrun("--scheduler", str(start), str(end), stack.path, env=framework_env),
+            ))
+        return again[0]
+
     for name, check in CHECKS:
         with subtests.test(name):
-            check(stack, runs)
+            if check not in TIMED_CHECKS:
+                check(stack, runs)
+                continue
+            try:
+                check(stack, runs)
+            except AssertionError as first:
+                # Two whole runs on a shared 2-core machine (pytest -n auto
+                # runs other tests beside them) can differ by more than the
+                # 2 points from load alone; perfrun's own fault shows in
+                # every pair. One more pair, then the verdict, with both.
+                try:
+                    check(stack, second_pair())
+                except AssertionError as second:
+                    raise AssertionError(
+                        f"{first}\n--- and on a second pair of runs ---\n{second}"
+                    ) from None

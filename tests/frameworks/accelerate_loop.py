@@ -10,7 +10,7 @@ forward is inside `torch.no_grad()`; predictions are gathered with
 
 A classifier of Linear layers on synthetic features, on the CPU. Every
 batch, training and evaluation, costs the same fixed CPU work in the
-collate_fn (fetch_work), so the Reader Ratio is the same from run to run.
+collate_fn (fetch_cost.py), so the Reader Ratio is the same from run to run.
 
 Prints the loss and accuracy after each epoch and, last, one
 FRAMEWORK_COUNTS line: the iterations where `accelerator.sync_gradients` was
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from fetch_cost import fixed_cost_collate
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -35,30 +36,9 @@ ACCUM = 2
 EVAL_BATCHES = 3
 
 
-#: Every batch costs the same fixed work, of the same kind and size as the
-#: model's own: FETCH_ROUNDS products of a batch of activations with a
-#: matrix the size of the model's largest weight (about 0.5 ms here).
-FETCH_INPUT = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0))
-FETCH_MATRIX = torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(1))
+#: Every batch costs the same fixed work (fetch_cost.py).
 FETCH_ROUNDS = 1
-
-
-def fetch_work() -> None:
-    """Fixed CPU work of the same kind and size as the model's. A wall-clock
-    busy-wait keeps its length while a loaded machine slows the model down,
-    and a small product that stays in cache slows down less than the model
-    under memory contention: either way the Reader Ratio would move with the
-    load of the machine (by 2 to 18 points from run to run on a 2-core
-    machine running pytest -n 2). This slows down with the model."""
-    for _ in range(FETCH_ROUNDS):
-        torch.mm(FETCH_INPUT, FETCH_MATRIX)
-
-
-def busy_collate(samples):
-    """The default collate plus a fixed amount of CPU work (fetch_work)."""
-    batch = torch.utils.data.default_collate(samples)
-    fetch_work()
-    return batch
+busy_collate = fixed_cost_collate(BATCH, HIDDEN, FETCH_ROUNDS)
 
 
 def dataset(n: int, seed: int) -> TensorDataset:

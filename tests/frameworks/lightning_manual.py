@@ -9,7 +9,7 @@ against generated samples) is checked every VAL_EVERY batches.
 shapes are covered: here every evaluation pass comes after training started.
 Progress bar, logger, checkpointing and the model summary are off; the CPU
 is used. Every batch costs the same fixed CPU work in the collate_fn
-(fetch_work), so the Reader Ratio is the same from run to run.
+(fetch_cost.py), so the Reader Ratio is the same from run to run.
 
 Prints the discriminator's accuracy at each validation and, last, one
 FRAMEWORK_COUNTS line (see the comment there on what a step is).
@@ -21,6 +21,7 @@ import warnings
 import lightning as L
 import torch
 import torch.nn.functional as F
+from fetch_cost import fixed_cost_collate
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,30 +34,9 @@ VAL_BATCHES = 3
 LATENT = 64
 
 
-#: Every batch costs the same fixed work, of the same kind and size as the
-#: model's own: FETCH_ROUNDS products of a batch of activations with a
-#: matrix the size of the model's largest weight (about 1 ms here).
-FETCH_INPUT = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0))
-FETCH_MATRIX = torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(1))
+#: Every batch costs the same fixed work (fetch_cost.py).
 FETCH_ROUNDS = 2
-
-
-def fetch_work() -> None:
-    """Fixed CPU work of the same kind and size as the model's. A wall-clock
-    busy-wait keeps its length while a loaded machine slows the model down,
-    and a small product that stays in cache slows down less than the model
-    under memory contention: either way the Reader Ratio would move with the
-    load of the machine (by 2 to 18 points from run to run on a 2-core
-    machine running pytest -n 2). This slows down with the model."""
-    for _ in range(FETCH_ROUNDS):
-        torch.mm(FETCH_INPUT, FETCH_MATRIX)
-
-
-def busy_collate(samples):
-    """The default collate plus a fixed amount of CPU work (fetch_work)."""
-    batch = torch.utils.data.default_collate(samples)
-    fetch_work()
-    return batch
+busy_collate = fixed_cost_collate(BATCH, HIDDEN, FETCH_ROUNDS)
 
 
 class GAN(L.LightningModule):

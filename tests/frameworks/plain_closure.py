@@ -4,7 +4,7 @@
 zero_grad, forward, loss and backward: the shape Lightning's automatic
 optimization gives every training step, without Lightning. A validation pass
 under torch.no_grad() runs every EVAL_EVERY steps. Every batch costs the
-same fixed CPU work in the collate_fn (fetch_work), so the share of the step
+same fixed CPU work in the collate_fn (fetch_cost.py), so the share of the step
 spent fetching (the Reader Ratio) is the same from run to run.
 
 Prints the losses at each validation and, last, one FRAMEWORK_COUNTS line:
@@ -15,6 +15,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from fetch_cost import fixed_cost_collate
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -26,30 +27,9 @@ EVAL_EVERY = 60
 VAL_BATCHES = 3
 
 
-#: Every batch costs the same fixed work, of the same kind and size as the
-#: model's own: FETCH_ROUNDS products of a batch of activations with a
-#: matrix the size of the model's largest weight (about 0.8 ms here).
-FETCH_INPUT = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(0))
-FETCH_MATRIX = torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(1))
+#: Every batch costs the same fixed work (fetch_cost.py).
 FETCH_ROUNDS = 1
-
-
-def fetch_work() -> None:
-    """Fixed CPU work of the same kind and size as the model's. A wall-clock
-    busy-wait keeps its length while a loaded machine slows the model down,
-    and a small product that stays in cache slows down less than the model
-    under memory contention: either way the Reader Ratio would move with the
-    load of the machine (by 2 to 18 points from run to run on a 2-core
-    machine running pytest -n 2). This slows down with the model."""
-    for _ in range(FETCH_ROUNDS):
-        torch.mm(FETCH_INPUT, FETCH_MATRIX)
-
-
-def busy_collate(samples):
-    """The default collate plus a fixed amount of CPU work (fetch_work)."""
-    batch = torch.utils.data.default_collate(samples)
-    fetch_work()
-    return batch
+busy_collate = fixed_cost_collate(BATCH, HIDDEN, FETCH_ROUNDS)
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, xb, yb) -> torch.Tensor:
