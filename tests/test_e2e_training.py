@@ -82,7 +82,8 @@ def check_spread(stats: dict[str, Any], name: str) -> None:
 def counted_rows(rank: RankResult, title: dict[str, Any]) -> list[list[Any]]:
     """The steps the report summarises: after warm-up, outside an excluded
     detailed window."""
-    start, end = title["window"] if title["window"] and title["window_excluded"] else (0, 0)
+    profiled = title.get("profiled") or title["window"]
+    start, end = profiled if profiled and title["window_excluded"] else (0, 0)
     return [row for i, row in enumerate(rank.rows) if i >= title["warmup"] and not start <= i < end]
 
 
@@ -318,8 +319,10 @@ def test_scheduler_window_is_recorded(run_perfrun: RunPerfrun) -> None:
     assert rank.data["settings"]["scheduler"] == [3, 6]
     title = run.report()["title"]
     assert title["window"] == [3, 6]
-    # Warm-up (1 step of 10) and the 3 window steps are left out.
-    assert title["steps_counted"] == 10 - default_warmup(10) - 3
+    # Warm-up (1 step of 10), the profiler's own warm-up step (2, profiled
+    # with its events discarded) and the 3 window steps are left out.
+    assert rank.data["profiled"] == [2, 6]
+    assert title["steps_counted"] == 10 - default_warmup(10) - 1 - 3
 
 
 @pytest.mark.parametrize(

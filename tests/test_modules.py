@@ -422,6 +422,7 @@ def test_no_module_ranges() -> None:
         "recorded": False,
         "modules": [],
         "groups": [],
+        "opaque": [],
     }
 
 

@@ -712,6 +712,8 @@ class Title:
     window: Optional[tuple[int, int]]
     window_excluded: bool
     window_steps: int
+    # The steps torch.profiler ran over: the window and its warm-up step.
+    profiled: Optional[tuple[int, int]] = None
 
     def entries(self) -> list[tuple[str, str]]:
         """The title as (label, sentence) pairs, shared by every renderer
@@ -756,6 +758,7 @@ class Title:
             "warmup": self.warmup,
             "warmup_default": self.warmup_default,
             "window": list(self.window) if self.window else None,
+            "profiled": list(self.profiled) if self.profiled else None,
             "window_excluded": self.window_excluded,
             "window_steps": self.window_steps,
         }
@@ -986,6 +989,7 @@ def build_report(
         window=window,
         window_excluded=exclude_window,
         window_steps=len(after_warmup) - len(counted_idx),
+        profiled=profiled or window,
     )
     report = Report(title=title, sections=_sections(ref))
     report.problem = _no_measurement(run)
