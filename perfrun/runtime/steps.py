@@ -220,17 +220,15 @@ class StepTracker:
                 self._span_is_sure()
                 self.eval_held = True
             elif self.eval_sure:
-                self.fetches = []
                 self._close_eval()
             else:
                 self._span_was_training()
-        elif self.fetches and kind != DATA:
-            self.fetches = []
         self.fetch_open = kind == DATA
         if kind == DATA:
             self.train_data_seen = True
             self.fetch_start = t
         else:
+            # Anything but another fetch consumed the batches as training.
             self.in_pass = False
             self.fetches = []
             if kind == BWD or kind == OPT:
