@@ -334,3 +334,82 @@ def report(
     if getattr(report, "problem", None):
         return ExitCode.NO_MEASUREMENT
     return ExitCode.OK
+
+
+def analyze(
+    paths: list[str],
+    fmt: str = "table",
+    output: Optional[str] = None,
+    view: Optional[dict[str, Any]] = None,
+) -> int:
+    """`perfrun analyze`: the window tables of torch.profiler traces a user
+    already has, one file per rank, computed as the window computes its own.
+    Exit 66 when a trace cannot be read."""
+    from .analysis.trace import summarize
+    from .analysis.tracefile import TraceError, load_trace
+    from .analysis.window import trace_window_report
+    from .report.common import LinesBlock, TitleBlock
+    from .report.window_blocks import window_blocks
+
+    loaded = []
+    for path in paths:
+        try:
+            loaded.append(load_trace(path))
+        except TraceError as exc:
+            _say(f"error: {exc}")
+            return ExitCode.BAD_RESULTS
+    ranks = [t.rank for t in loaded]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        ranks = list(range(len(loaded)))  # the files' order
+    traces = []
+    notes = []
+    for rank, trace in zip(ranks, loaded):
+        summary = summarize(trace.events)
+        traces.append((int(rank), os.path.basename(trace.path), summary))
+        if trace.skipped:
+            notes.append(f"{trace.path}: {trace.skipped} malformed events skipped")
+        if not trace.events:
+            notes.append(f"{trace.path}: no events")
+    window = trace_window_report(traces)
+    view = dict(view or {})
+    with _destination(output) as stream:
+        if fmt == "json":
+            import json
+
+            from .report.jsonout import finite
+
+            doc = {
+                "format": "perfrun-analyze",
+                "version": 1,
+                "traces": [
+                    {"path": t.path, "rank": r, "summary": s}
+                    for t, (r, _n, s) in zip(loaded, traces)
+                ],
+                "notes": notes,
+            }
+            stream.write(json.dumps(finite(doc), indent=2, sort_keys=True, allow_nan=False) + "\n")
+        else:
+            items = [
+                TitleBlock(
+                    "perfrun analyze",
+                    [("Traces", ", ".join(f"rank {r}: {t.path}" for t, (r, _n, _s)
+                                          in zip(loaded, traces)))],
+                    code_labels=("Traces",),
+                ),
+                *window_blocks(window, view, lambda _key: True),
+            ]
+            if notes:
+                items.append(LinesBlock("notes", "Notes", notes))
+            if fmt == "markdown":
+                from .report.markdown import render_markdown_blocks
+
+                stream.write(render_markdown_blocks(items))
+            else:
+                from .report.table import make_console, render_blocks
+
+                render_blocks(items, make_console(stream))
+        stream.flush()
+    if output is not None:
+        _say(f"report written to {output}")
+    return ExitCode.OK
+

@@ -31,7 +31,7 @@ from .settings import (
     parse_override,
 )
 
-COMMANDS = ("run", "report", "compare")
+COMMANDS = ("run", "report", "compare", "analyze")
 # Long options that may not follow the script (they change how it is found).
 _BEFORE_SCRIPT_ONLY = {"--override", "--module"}
 
@@ -252,6 +252,7 @@ def cli() -> None:
     perfrun --nproc-per-node 8 train.py       under torch.distributed, per-rank results
     perfrun report perfrun_log                re-print the tables of the latest run
     perfrun compare base.json perfrun_log     the CI gate: is this run slower?
+    perfrun analyze rank0.json.gz rank1.json.gz   window tables of torch.profiler traces
 
     `perfrun run --help` lists the options of a run (they also work without
     the word `run`).
@@ -284,6 +285,20 @@ def report_command(
     from . import api
 
     return api.report(log_dir, fmt=fmt, output=output, warmup=warmup, view=_view(view))
+
+
+@cli.command("analyze")
+@click.argument("traces", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table")
+@click.option("--output", metavar="FILE", default=None)
+@lambda f: _apply(_view_options(), f)
+def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **view: Any) -> int:
+    """Print the window tables (Overview, Operator, Kernel, Distributed,
+    Memory Manipulation, Memory) of torch.profiler traces you already have:
+    one trace file (.json or .json.gz) per rank."""
+    from . import api
+
+    return api.analyze(list(traces), fmt=fmt, output=output, view=_view(view))
 
 
 @cli.command("compare")

@@ -195,7 +195,7 @@ def test_empty_trace_has_no_ratios_and_no_errors() -> None:
     assert all(o["ratio"] is None and o["calls"] == 0 for o in s["overview"])
     assert s["operators"] == [] and s["kernels"] == [] and s["user_defined"] == []
     mm = s["memory_manipulation"]
-    assert mm == {"copies": [], "sync_calls": 0, "sync_per_step": None}
+    assert mm == {"copies": [], "sync_calls": 0, "sync_per_step": None, "sync_by_op": {}}
     assert s["distributed"]["cpu"]["communication_ratio"] is None
     assert s["memory"] == {"recorded": False}
 
@@ -682,7 +682,10 @@ def test_window_tables_honour_sort_row_limit_and_unit() -> None:
     assert [r[0] for r in tables["kernel"].rows] == [
         "gemm_kernel<float, cutlass::Epilogue<...> >",
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "Total (2 kernels)",
     ]
+    # The total row: every kernel, whatever the row limit.
+    assert tables["kernel"].rows[-1][1:3] == ["3", "500.000"]
     # Copies sorted by time and cut to the limit; the sync line always last.
     assert [r[0] for r in tables["memcpy"].rows][:-1] == ["Memcpy HtoD", "Memcpy DtoH"]
     assert tables["memcpy"].rows[-1][1] == "3"
@@ -692,7 +695,8 @@ def test_window_tables_honour_sort_row_limit_and_unit() -> None:
     ]
     assert tables["operator"].rows[1][2] == "0.240"
     assert [r[0] for r in tables["memcpy"].rows][:-1] == ["Memcpy DtoH", "Memcpy HtoD", "Memset"]
-    assert {"rank 0 (CPU)", "rank 0 (GPU)"} == {r[0] for r in tables["distributed"].rows}
+    # With a GPU, communication is the GPU's communication kernels.
+    assert [r[0] for r in tables["distributed"].rows] == ["rank 0 (GPU)"]
 
 
 # -- nested phases: the Overview counts what the step rows count ---------------------
@@ -743,3 +747,79 @@ def test_rename_phases_follows_the_step_trackers_final_names() -> None:
     ]
     # Step 5's list does not match its ranges one for one: left as it was.
     assert events[-1]["name"] == "perfrun: Dataloader"
+
+
+# -- links, names, window: the rules real traces broke ---------------------------------
+
+
+def corr(e: dict[str, Any], correlation: int) -> dict[str, Any]:
+    e["args"]["correlation"] = correlation
+    return e
+
+
+def test_a_kernel_belongs_to_the_op_around_its_launch_not_to_its_external_id() -> None:
+    # Older Kineto writes the correlation id into a kernel's External id:
+    # here it is 11, which is also aten::relu's own External id. The kernel
+    # was launched inside aten::mm (its runtime call has correlation 11).
+    events = [
+        ann("ProfilerStep#7", 0, 100),
+        op("aten::relu", 0, 5, ext=11),
+        op("aten::mm", 10, 40, ext=3),
+        corr(runtime("cudaLaunchKernel", 12, 14, ext=11), 11),
+        corr(kernel("void gemm<float>(float*)", 20, 50, ext=11), 11),
+    ]
+    ops = by_name(summarize(events)["operators"])
+    assert ops["aten::mm"]["gpu_total"] == us(30)
+    assert ops["aten::relu"]["gpu_total"] is None
+
+
+def test_kernels_that_shorten_alike_are_numbered_not_merged() -> None:
+    a = "void elementwise_kernel<128, 2, Functor<float, Add> >(int, Functor<float, Add>)"
+    b = "void elementwise_kernel<128, 2, Functor<float, Mul> >(int, Functor<float, Mul>)"
+    events = [
+        ann("ProfilerStep#1", 0, 100),
+        kernel(a, 10, 20),
+        kernel(b, 20, 50),
+        kernel(b, 50, 60),
+    ]
+    rows = {r["full_name"]: r for r in summarize(events)["kernels"]}
+    assert (rows[a]["calls"], rows[b]["calls"]) == (1, 2)
+    assert rows[b]["name"] == "elementwise_kernel<128, 2, Functor<...> > #1"  # most time
+    assert rows[a]["name"] == "elementwise_kernel<128, 2, Functor<...> > #2"
+
+
+def test_gpu_work_launched_in_the_window_counts_past_its_last_edge() -> None:
+    events = [
+        ann("ProfilerStep#1", 0, 100),
+        ann("ProfilerStep#2", 100, 200),
+        corr(runtime("cudaLaunchKernel", 190, 195), 5),
+        corr(kernel("void late<float>(float*)", 196, 300), 5),
+        # Launched after the last step: in no table.
+        corr(runtime("cudaLaunchKernel", 210, 215), 6),
+        corr(kernel("void after<float>(float*)", 300, 310), 6),
+    ]
+    s = summarize(events)
+    assert (s["steps"], s["steps_from"], s["step_ids"]) == (2, "ProfilerStep", [1, 2])
+    assert s["window_time"] == us(300) and s["window_gpu_tail"] == us(100)
+    assert [k["name"] for k in s["kernels"]] == ["late<float>"]
+    (g,) = s["gpus"]
+    assert (g["busy"], g["utilization"]) == (us(104), pytest.approx(104 / 300))
+    assert g["span_utilization"] == pytest.approx(1.0)
+    o = overview(s)
+    assert o["ProfileStep"]["calls"] == 2 and o["Kernel"]["ratio"] == pytest.approx(104 / 300)
+
+
+def test_item_on_a_cpu_tensor_is_no_synchronisation_even_beside_a_gpu() -> None:
+    events = [
+        ann("ProfilerStep#0", 0, 100),
+        op("aten::_local_scalar_dense", 1, 2),  # a CPU tensor: no CUDA call
+        op("aten::_local_scalar_dense", 10, 20),
+        runtime("cudaMemcpyAsync", 11, 12),
+        runtime("cudaStreamSynchronize", 12, 19),
+        op("aten::nonzero", 30, 40),
+        runtime("cudaStreamSynchronize", 31, 39),
+        kernel("void k<float>(float*)", 5, 9),
+    ]
+    mm = summarize(events)["memory_manipulation"]
+    assert mm["sync_calls"] == 2
+    assert mm["sync_by_op"] == {"aten::_local_scalar_dense": 1, "aten::nonzero": 1}

@@ -1,19 +1,39 @@
 """Window tables from a torch.profiler trace: pure functions over the trace's
-event list (Chrome trace format), so they are unit-tested on hand-made events
-and `perfrun report` can recompute them.
+events, so they are unit-tested on hand-made events, the window computes them
+from the trace it just recorded, and `perfrun analyze` from traces a user
+already has (analysis/tracefile.py reads them compactly).
 
 Correctness rules that Paddle's tables break and these keep:
 
+* One window for every table. It runs from the first step edge to the last,
+  or, where GPU work launched in the window ends later, to the end of that
+  work: a kernel belongs to the window when the CUDA call that launched it
+  (found by correlation id) was made in it. Work launched before the first
+  step or after the last is in no table.
+* Steps are perfrun's own step ranges, else torch.profiler's
+  `ProfilerStep#N` ranges; a trace with neither is one span.
 * Overview time per event type is the *union* of that type's intervals
-  (several threads or streams overlapping are merged before summing), and
-  every interval is clipped to the window, so no type exceeds 100%.
+  (several threads or streams overlapping are merged before summing), so no
+  type exceeds 100%. Each GPU's busy time (any kernel, copy or memset on it),
+  idle time and utilisation are given over the window and over the GPU's
+  own span (its first event's start to its last event's end).
 * perfrun's phase ranges nest (forward and backward inside an optimizer
   step's closure): a phase's time is its range less the phase ranges inside
   it, as the step rows count it, so the Overview and the Model Summary agree.
-* Others never goes negative (it is a clamped difference).
-* Every table honours every sort key.
-* Ratios with a zero denominator are None (printed as "-"), never a division
-  error.
+* Kernels are grouped by their full name: shortened for display, a shared
+  short name is numbered, never merged.
+* A kernel's (or copy's) GPU time belongs to the op that launched it: the
+  innermost op around the CUDA runtime call with the kernel's correlation id.
+  Only where no runtime call has it does the kernel's External id name the op
+  (older Kineto writes the correlation id there, which is no op's id).
+* A synchronisation is a synchronising CUDA call (stream / device / event
+  synchronize, a blocking memcpy), counted once per op call that made it
+  (`.item()` is one, its memcpy and synchronize inside are not more). An
+  `aten::_local_scalar_dense` on a CPU tensor makes no CUDA call: no sync.
+* The Distributed table's communication is the GPU's communication kernels
+  where there is a GPU, the host's communication ranges only where not.
+* Others never goes negative (it is a clamped difference); ratios with a
+  zero denominator are None (printed as "-"), never a division error.
 """
 
 from __future__ import annotations
@@ -22,15 +42,36 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
+from .intervals import Interval, clip, intersect, merge, subtract, total
 from .modules import MODULE_PREFIX
+from .tracefile import Event, compact
+
+__all__ = [
+    "Interval",
+    "clip",
+    "display_names",
+    "exclusive_phases",
+    "intersect",
+    "is_communication",
+    "memory_summary",
+    "merge",
+    "redispatched",
+    "short_kernel_name",
+    "subtract",
+    "summarize",
+    "total",
+]
 
 # perfrun's own annotations in the trace (recorded during the window).
 PHASE_PREFIX = "perfrun: "
 STEP_PREFIX = "perfrun: ProfileStep#"
+TORCH_STEP_PREFIX = "ProfilerStep#"
 PHASE_TYPES = ("Dataloader", "Forward", "Backward", "Optimization")
 
 CPU_TYPES = ("ProfileStep",) + PHASE_TYPES + ("Operator", "CudaRuntime", "UserDefined")
 GPU_TYPES = ("Kernel", "Memcpy", "Memset", "Communication")
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 
 # Annotations torch itself adds; not the user's own ranges.
 _TORCH_ANNOTATIONS = (
@@ -47,85 +88,41 @@ _COMM_OP = re.compile(
     r"reduce_?scatter|broadcast|all_to_all|barrier)",
     re.IGNORECASE,
 )
-# `.item()` reaches aten::_local_scalar_dense (counted once, not with aten::item).
-_SYNC_OPS = ("aten::_local_scalar_dense",)
-_SYNC_RUNTIME = (
-    "cudaStreamSynchronize",
-    "cudaDeviceSynchronize",
-    "cudaEventSynchronize",
-    "cudaMemcpy",
-    "cuMemcpyDtoH_v2",
-    "cudaMemcpyAsync",
+# CUDA calls that block the host until the device has caught up. The async
+# memcpy is not one by itself: `.item()` pairs it with a stream synchronize.
+SYNC_RUNTIME = frozenset(
+    (
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cudaMemcpy2D",
+        "cudaMemcpyFromSymbol",
+        "cudaMemcpyToSymbol",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "cuMemcpyDtoH",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyHtoD",
+        "cuMemcpyHtoD_v2",
+    )
 )
-
-Interval = tuple[float, float]
-
-
-# -- interval arithmetic --------------------------------------------------------
+# Shortened kernel names fit the tables' name column with a "#k" suffix.
+KERNEL_NAME_WIDTH = 54
 
 
-def merge(intervals: Iterable[Interval]) -> list[Interval]:
-    """Union of intervals as a sorted list of disjoint ones."""
-    out: list[list[float]] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1][1] = end
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
-def total(intervals: Sequence[Interval]) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
-    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
-
-
-def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
-    """Intersection of two merged (sorted, disjoint) interval lists."""
-    out: list[Interval] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        lo = max(a[i][0], b[j][0])
-        hi = min(a[i][1], b[j][1])
-        if hi > lo:
-            out.append((lo, hi))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(interval: Interval, holes: Sequence[Interval]) -> list[Interval]:
-    """`interval` less the merged, sorted intervals `holes`."""
-    out: list[Interval] = []
-    lo, hi = interval
-    for a, b in holes:
-        if b <= lo or a >= hi:
-            continue
-        if a > lo:
-            out.append((lo, a))
-        lo = max(lo, b)
-    if hi > lo:
-        out.append((lo, hi))
-    return out
-
-
-def exclusive_phases(ranges: Sequence[dict[str, Any]]) -> list[tuple[str, list[Interval]]]:
+def exclusive_phases(ranges: Sequence[Any]) -> list[tuple[str, list[Interval]]]:
     """perfrun's phase ranges (one thread, properly nested) as (phase name,
     its own intervals: the range less the phase ranges nested in it), in
     time order."""
-    items = sorted(ranges, key=lambda e: (e["ts"], -e["dur"]))
+    items = sorted(compact(ranges), key=lambda e: (e.ts, -(e.dur or 0.0)))
     out: list[tuple[str, list[Interval]]] = []
     children: list[list[Interval]] = []
     stack: list[int] = []
     ends: list[float] = []
     for e in items:
-        start, end = e["ts"], e["ts"] + e["dur"]
+        start, end = e.ts, e.end
         while stack and start >= ends[-1] - 1e-3:
             stack.pop()
             ends.pop()
@@ -133,7 +130,7 @@ def exclusive_phases(ranges: Sequence[dict[str, Any]]) -> list[tuple[str, list[I
             children[stack[-1]].append((start, end))
         stack.append(len(out))
         ends.append(end)
-        out.append((str(e.get("name", ""))[len(PHASE_PREFIX):], [(start, end)]))
+        out.append((e.name[len(PHASE_PREFIX):], [(start, end)]))
         children.append([])
     return [
         (name, subtract(iv[0], merge(kids)) if kids else iv)
@@ -185,61 +182,140 @@ def short_kernel_name(name: str, width: int = 72) -> str:
     return short or name[:width]
 
 
+
+
+def display_names(
+    full: dict[str, float], width: int = KERNEL_NAME_WIDTH
+) -> dict[str, str]:
+    """Display name of each full kernel name (`full`: name -> total time):
+    the shortened name where it is the only one of its kind; where several
+    full names shorten alike, each gets "#k" (k=1 for the most time), so no
+    two rows read the same and none is merged."""
+    short: dict[str, list[str]] = {}
+    for name in full:
+        short.setdefault(short_kernel_name(name, width), []).append(name)
+    out: dict[str, str] = {}
+    # Shared names are numbered within groups of the name cut to leave room
+    # for the number, so two groups that only differ past the cut are not
+    # numbered alike.
+    numbered: dict[str, list[str]] = {}
+    for s, names in short.items():
+        if len(names) == 1:
+            out[names[0]] = s
+        else:
+            for name in names:
+                numbered.setdefault(short_kernel_name(name, width - 5), []).append(name)
+    for base, names in numbered.items():
+        names.sort(key=lambda n: (-full[n], n))
+        for k, name in enumerate(names, 1):
+            out[name] = f"{base} #{k}"
+    return out
+
+
+_comm_cache: dict[str, bool] = {}
+
+
 def is_communication(name: str) -> bool:
+    known = _comm_cache.get(name)
+    if known is not None:
+        return known
     if name.startswith("aten::"):
         # No aten op is a collective (aten::broadcast_tensors, aten::broadcast_to).
-        return False
-    return bool(_COMM_OP.search(name)) or "nccl" in name.lower()
+        answer = False
+    else:
+        answer = bool(_COMM_OP.search(name)) or "nccl" in name.lower()
+    if len(_comm_cache) < 100_000:
+        _comm_cache[name] = answer
+    return answer
 
 
 # Host-side events torch nests into one call tree per thread.
 _TREE_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+# 1: an op (a runtime call's maker), 2: a runtime call, 0: an annotation.
+_TREE_KINDS = {"cpu_op": 1, "user_annotation": 0, "cuda_runtime": 2, "cuda_driver": 2}
 
 
-def redispatched(spans: Sequence[dict[str, Any]]) -> set[int]:
-    """Indices (into `spans`) of the events torch's own aggregation drops: an
-    event whose parent has the same name and no other child is one call seen
-    twice (an op redispatching to itself, `aten::div_` inside `aten::div_`),
-    so counting both would double its calls and time. Same rule as
-    torch.autograd.profiler_util.EventList._remove_dup_nodes."""
-    threads: dict[Any, list[tuple[int, int, int]]] = {}
-    for i, e in enumerate(spans):
-        if e.get("cat") in _TREE_CATS:
+def _events(events: Any) -> list[Event]:
+    """`events` as compact Events (a list of them is taken as it is)."""
+    if isinstance(events, list) and (not events or isinstance(events[0], Event)):
+        return events
+    return compact(events)
+
+
+def call_trees(spans: Sequence[Any]) -> tuple[dict[int, int], dict[int, int]]:
+    """One sweep over each host thread's call tree (indices into `spans`):
+
+    * the events torch's own aggregation drops, as {index: index of the call
+      they are part of}: an event whose parent has the same name and no
+      other child is one call seen twice (an op redispatching to itself,
+      `aten::div_` inside `aten::div_`), so counting both would double its
+      calls and time. Same rule as
+      torch.autograd.profiler_util.EventList._remove_dup_nodes;
+    * for each CUDA runtime call, the innermost op around it (after those
+      drops): the op that made the call.
+    """
+    events = _events(list(spans))
+    threads: dict[tuple[Any, Any], list[tuple[int, int, int, int]]] = {}
+    kinds = _TREE_KINDS
+    for i, e in enumerate(events):
+        kind = kinds.get(e.cat)
+        if kind is not None and e.dur is not None:
             # Integer nanoseconds: microsecond floats near 4e12 cannot tell
             # a child that ends with its parent from one that ends after it.
-            start = round(e["ts"] * 1000)
-            threads.setdefault((e.get("pid"), e.get("tid")), []).append(
-                (start, start + round(e["dur"] * 1000), i)
-            )
+            start = round(e.ts * 1000)
+            key = (e.pid, e.tid)
+            items = threads.get(key)
+            if items is None:
+                items = threads[key] = []
+            items.append((start, -(start + round(e.dur * 1000)), i, kind))
     parent: dict[int, int] = {}
-    children: dict[int, list[int]] = {}
-    for events in threads.values():
-        events.sort(key=lambda x: (x[0], -x[1]))
-        stack: list[tuple[int, int, int]] = []
-        for start, end, i in events:
-            while stack and (start >= stack[-1][1] or end > stack[-1][1]):
-                stack.pop()
-            if stack:
-                parent[i] = stack[-1][2]
-                children.setdefault(stack[-1][2], []).append(i)
-            stack.append((start, end, i))
-    dropped: set[int] = set()
-    changed = True
-    while changed:
-        changed = False
-        for i, p in list(parent.items()):
-            if (
-                i not in dropped
-                and spans[p].get("name") == spans[i].get("name")
-                and len(children.get(p, ())) == 1
-            ):
-                dropped.add(i)
-                children[p] = children.pop(i, [])
-                for c in children[p]:
-                    parent[c] = p
-                del parent[i]
-                changed = True
-    return dropped
+    nchild: dict[int, int] = {}
+    op_of: dict[int, int] = {}  # runtime call -> innermost op
+    order: list[int] = []
+    for items in threads.values():
+        items.sort()
+        # The open ranges: their ends, indices, and innermost op (or -1).
+        ends: list[int] = []
+        idxs: list[int] = []
+        inner: list[int] = []
+        for start, neg_end, i, kind in items:
+            end = -neg_end
+            while ends and (start >= ends[-1] or end > ends[-1]):
+                ends.pop()
+                idxs.pop()
+                inner.pop()
+            if idxs:
+                p = idxs[-1]
+                parent[i] = p
+                nchild[p] = nchild.get(p, 0) + 1
+                op = inner[-1]
+            else:
+                op = -1
+            if kind == 1:
+                op = i
+            elif kind == 2 and op >= 0:
+                op_of[i] = op
+            ends.append(end)
+            idxs.append(i)
+            inner.append(op)
+            order.append(i)
+    # In time order, parents before children: a dropped event's children
+    # become its call's children.
+    dropped: dict[int, int] = {}
+    for i in order:
+        p = parent.get(i)
+        if p is None:
+            continue
+        q = dropped.get(p, p)
+        if nchild.get(q, 0) == 1 and events[q].name == events[i].name:
+            dropped[i] = q
+            nchild[q] = nchild.get(i, 0)
+    return dropped, {c: dropped.get(o, o) for c, o in op_of.items()}
+
+
+def redispatched(spans: Sequence[Any]) -> dict[int, int]:
+    """The dropped events of `call_trees`."""
+    return call_trees(spans)[0]
 
 
 # -- the summary -----------------------------------------------------------------
@@ -261,60 +337,117 @@ def _ratio(part: float, whole: float) -> Optional[float]:
     return part / whole if whole > 0 else None
 
 
-def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
-    """Aggregate a window's trace events into the data every window table is
-    printed from. Times in seconds (the trace's are microseconds)."""
-    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    # Kernels keep their link to an op even when the op's redispatched copy
-    # (the one that launched them) is dropped: both carry the same name.
-    ext_to_op: dict[Any, str] = {}
+def _copy_kind(name: str) -> str:
+    for k in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP"):
+        if k in name:
+            return f"Memcpy {k}"
+    return "Memcpy DtoD"
+
+
+def _gpu_index(e: Event) -> Any:
+    if isinstance(e.device, int):
+        return e.device
+    return e.pid if isinstance(e.pid, int) else 0
+
+
+def window_span(
+    spans: Sequence[Event],
+) -> tuple[str, list[Event], float, float]:
+    """Where the window's steps come from ("perfrun", "ProfilerStep" or
+    "trace"), its step ranges, and the host-side window [lo, hi]."""
+    steps = [e for e in spans if e.cat == "user_annotation" and e.name.startswith(STEP_PREFIX)]
+    source = "perfrun"
+    if not steps:
+        steps = [
+            e
+            for e in spans
+            if e.cat in ("user_annotation", "cpu_op") and e.name.startswith(TORCH_STEP_PREFIX)
+        ]
+        source = "ProfilerStep"
+    if steps:
+        return source, steps, min(e.ts for e in steps), max(e.end for e in steps)
+    host = [e for e in spans if e.cat not in GPU_CATS and e.cat != "gpu_user_annotation"]
+    pool = host or list(spans)
+    if not pool:
+        return "trace", [], 0.0, 0.0
+    return "trace", [], min(e.ts for e in pool), max(e.end for e in pool)
+
+
+def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, Any]:
+    """Aggregate a window's trace events (dicts as in the JSON, or the
+    compact Events of tracefile.py) into the data every window table is
+    printed from. Times in seconds (the trace's are microseconds). `steps`:
+    how many steps the window holds (default: the step ranges found)."""
+    evs = _events(events)
+    spans = [e for e in evs if e.ph == "X" and e.dur is not None]
+    source, step_spans, lo, hi_cpu = window_span(spans)
+    if steps is None:
+        steps = len(step_spans)
+    step_ids = sorted(
+        int(n) for n in (e.name.rpartition("#")[2] for e in step_spans) if n.isdigit()
+    )
+    every = source == "trace"  # no steps: the whole trace is the window
+
+    def in_host(e: Event) -> bool:
+        # Started in the window, or running when it opened.
+        return every or (e.ts < hi_cpu and (e.ts >= lo or e.end > lo))
+
+    dropped, made_by = call_trees(spans)
+    runtime_by_corr: dict[Any, int] = {}
+    op_by_ext: dict[Any, int] = {}
+    runtime_in: list[int] = []
+    for i, e in enumerate(spans):
+        cat = e.cat
+        if cat in RUNTIME_CATS:
+            if e.corr is not None:
+                runtime_by_corr[e.corr] = i
+            if in_host(e):
+                runtime_in.append(i)
+        elif cat == "cpu_op":
+            if e.ext is not None:
+                op_by_ext[e.ext] = dropped.get(i, i)
+
+    # GPU work of the window: launched in it (by correlation), or, with no
+    # launch in the trace, running in it.
+    gpu_in: list[tuple[Event, Optional[int]]] = []  # (event, launching runtime call)
     for e in spans:
-        ext = (e.get("args") or {}).get("External id")
-        if e.get("cat") == "cpu_op" and ext is not None:
-            ext_to_op[ext] = e.get("name", "")
-    dropped = redispatched(spans)
-    spans = [e for i, e in enumerate(spans) if i not in dropped]
-    step_iv = [
-        (e["ts"], e["ts"] + e["dur"])
-        for e in spans
-        if e.get("cat") == "user_annotation" and e["name"].startswith(STEP_PREFIX)
-    ]
-    if step_iv:
-        lo = min(a for a, _ in step_iv)
-        hi = max(b for _, b in step_iv)
-    elif spans:
-        lo = min(e["ts"] for e in spans)
-        hi = max(e["ts"] + e["dur"] for e in spans)
-    else:
-        lo = hi = 0.0
+        if e.cat not in GPU_CATS:
+            continue
+        rt = runtime_by_corr.get(e.corr) if e.corr is not None else None
+        if rt is not None:
+            if in_host(spans[rt]):
+                gpu_in.append((e, rt))
+        elif every or (e.ts < hi_cpu and e.end > lo):
+            gpu_in.append((e, None))
+    hi = max([hi_cpu] + [e.end for e, _ in gpu_in]) if gpu_in and not every else hi_cpu
+    if every and gpu_in:
+        lo = min([lo] + [e.ts for e, _ in gpu_in])
+        hi = max([hi] + [e.end for e, _ in gpu_in])
     window = hi - lo
+    window_s = window / 1e6
+
+    launched_by = made_by
 
     by_type: dict[str, list[Interval]] = {t: [] for t in CPU_TYPES + GPU_TYPES}
     calls: dict[str, int] = dict.fromkeys(by_type, 0)
     ops: dict[str, list[float]] = {}
-    op_gpu: dict[str, float] = {}
-    # GPU time of each op call (its External id): the Operator table's GPU
-    # Avg / Max / Min, which --sort-by gpu-avg/max/min sort on.
-    call_gpu: dict[Any, float] = {}
     op_flops: dict[str, float] = {}
-    op_kernels: dict[str, dict[str, list[float]]] = {}
-    kernels: dict[str, list[float]] = {}
     user: dict[str, list[float]] = {}
-    memcpy: dict[str, list[float]] = {}
     comm_cpu: list[Interval] = []
-    comm_gpu: list[Interval] = []
     compute_cpu: list[Interval] = []
-    compute_gpu: list[Interval] = []
-    sync_ops: dict[Any, list[Interval]] = {}
-    sync_runtime: list[tuple[Any, Interval]] = []
-    phase_ranges: list[dict[str, Any]] = []
-
-    for e in spans:
-        cat = e.get("cat")
-        name = e.get("name", "")
-        iv = (e["ts"], e["ts"] + e["dur"])
+    phase_ranges: list[Event] = []
+    for i, e in enumerate(spans):
+        cat = e.cat
+        if cat not in ("user_annotation", "cpu_op", "cuda_runtime", "cuda_driver"):
+            continue
+        if i in dropped or not in_host(e):
+            continue
+        name = e.name
+        iv = (e.ts, e.end)
         if cat == "user_annotation":
-            if name.startswith(STEP_PREFIX):
+            if name.startswith(STEP_PREFIX) or (
+                source == "ProfilerStep" and name.startswith(TORCH_STEP_PREFIX)
+            ):
                 by_type["ProfileStep"].append(iv)
                 calls["ProfileStep"] += 1
             elif name.startswith(PHASE_PREFIX):
@@ -326,29 +459,45 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             elif not name.startswith(_TORCH_ANNOTATIONS):
                 by_type["UserDefined"].append(iv)
                 calls["UserDefined"] += 1
-                user.setdefault(name, []).append(e["dur"] / 1e6)
+                user.setdefault(name, []).append(e.dur / 1e6)
         elif cat == "cpu_op":
+            if source == "ProfilerStep" and name.startswith(TORCH_STEP_PREFIX):
+                by_type["ProfileStep"].append(iv)
+                calls["ProfileStep"] += 1
+                continue
             by_type["Operator"].append(iv)
             calls["Operator"] += 1
-            ops.setdefault(name, []).append(e["dur"] / 1e6)
-            args = e.get("args") or {}
-            if "flops" in args:
-                op_flops[name] = op_flops.get(name, 0.0) + float(args["flops"] or 0)
+            ops.setdefault(name, []).append(e.dur / 1e6)
+            flops = e.args.get("flops")
+            if flops:
+                try:
+                    op_flops[name] = op_flops.get(name, 0.0) + float(flops)
+                except (TypeError, ValueError):
+                    pass
             if is_communication(name):
                 comm_cpu.append(iv)
             else:
                 compute_cpu.append(iv)
-            if name in _SYNC_OPS:
-                sync_ops.setdefault((e.get("pid"), e.get("tid")), []).append(iv)
-        elif cat in ("cuda_runtime", "cuda_driver"):
+        else:
             by_type["CudaRuntime"].append(iv)
             calls["CudaRuntime"] += 1
-            if name in _SYNC_RUNTIME and name != "cudaMemcpyAsync":
-                sync_runtime.append(((e.get("pid"), e.get("tid")), iv))
-        elif cat == "kernel":
-            short = short_kernel_name(name)
-            kernels.setdefault(short, []).append(e["dur"] / 1e6)
-            if is_communication(name):
+
+    # GPU side: kernels by full name, copies, per-device busy time, and each
+    # op call's GPU time.
+    kernels: dict[str, list[float]] = {}
+    memcpy: dict[str, list[float]] = {}
+    comm_gpu: list[Interval] = []
+    compute_gpu: list[Interval] = []
+    per_device: dict[Any, list[Interval]] = {}
+    call_gpu: dict[int, float] = {}
+    op_kernels: dict[str, dict[str, list[float]]] = {}
+    for e, rt in gpu_in:
+        iv = (max(e.ts, lo), e.end)
+        d = e.dur / 1e6
+        per_device.setdefault(_gpu_index(e), []).append(iv)
+        if e.cat == "kernel":
+            kernels.setdefault(e.name, []).append(d)
+            if is_communication(e.name):
                 by_type["Communication"].append(iv)
                 calls["Communication"] += 1
                 comm_gpu.append(iv)
@@ -356,25 +505,23 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
                 by_type["Kernel"].append(iv)
                 calls["Kernel"] += 1
                 compute_gpu.append(iv)
-            ext = (e.get("args") or {}).get("External id")
-            op = ext_to_op.get(ext)
-            if op is not None:
-                op_gpu[op] = op_gpu.get(op, 0.0) + e["dur"] / 1e6
-                call_gpu[ext] = call_gpu.get(ext, 0.0) + e["dur"] / 1e6
-                op_kernels.setdefault(op, {}).setdefault(short, []).append(e["dur"] / 1e6)
-        elif cat == "gpu_memcpy":
+        elif e.cat == "gpu_memcpy":
             by_type["Memcpy"].append(iv)
             calls["Memcpy"] += 1
-            kind = "DtoD"
-            for k in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP"):
-                if k in name:
-                    kind = k
-                    break
-            memcpy.setdefault(f"Memcpy {kind}", []).append(e["dur"] / 1e6)
-        elif cat == "gpu_memset":
+            memcpy.setdefault(_copy_kind(e.name), []).append(d)
+        else:
             by_type["Memset"].append(iv)
             calls["Memset"] += 1
-            memcpy.setdefault("Memset", []).append(e["dur"] / 1e6)
+            memcpy.setdefault("Memset", []).append(d)
+        if rt is not None:
+            call = launched_by.get(rt)
+        elif e.ext is not None and e.ext != e.corr:
+            call = op_by_ext.get(e.ext)
+        else:
+            call = None
+        if call is not None and in_host(spans[call]):
+            call_gpu[call] = call_gpu.get(call, 0.0) + d
+            op_kernels.setdefault(spans[call].name, {}).setdefault(e.name, []).append(d)
 
     for name, own in exclusive_phases(phase_ranges):
         if name in by_type:
@@ -383,66 +530,101 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
 
     overview = []
     for t in CPU_TYPES + GPU_TYPES:
-        merged = merge(clip(by_type[t], lo, hi))
-        busy = total(merged) / 1e6
+        busy = total(merge(clip(by_type[t], lo, hi))) / 1e6
         overview.append(
             {
                 "type": t,
                 "side": "gpu" if t in GPU_TYPES else "cpu",
                 "calls": calls[t],
                 "time": busy,
-                "ratio": _ratio(busy, window / 1e6),
+                "ratio": _ratio(busy, window_s),
+            }
+        )
+
+    gpus = []
+    for device in sorted(per_device, key=str):
+        ivs = merge(per_device[device])
+        busy = total(ivs) / 1e6
+        span = (ivs[-1][1] - ivs[0][0]) / 1e6 if ivs else 0.0
+        gpus.append(
+            {
+                "device": device,
+                "events": len(per_device[device]),
+                "busy": busy,
+                "idle": max(0.0, window_s - busy),
+                "utilization": _ratio(busy, window_s),
+                "span": span,
+                "span_idle": max(0.0, span - busy),
+                "span_utilization": _ratio(busy, span),
             }
         )
 
     def dist_side(comm: list[Interval], compute: list[Interval]) -> dict[str, Any]:
         c = merge(clip(comm, lo, hi))
         k = merge(clip(compute, lo, hi))
-        both = intersect(c, k)
-        w = window / 1e6
+        both = total(intersect(c, k)) / 1e6
+        tc, tk = total(c) / 1e6, total(k) / 1e6
         return {
-            "communication": total(c) / 1e6,
-            "computation": total(k) / 1e6,
-            "overlap": total(both) / 1e6,
-            "communication_ratio": _ratio(total(c) / 1e6, w),
-            "computation_ratio": _ratio(total(k) / 1e6, w),
-            "overlap_ratio": _ratio(total(both) / 1e6, w),
+            "communication": tc,
+            "computation": tk,
+            "overlap": both,
+            "communication_ratio": _ratio(tc, window_s),
+            "computation_ratio": _ratio(tk, window_s),
+            "overlap_ratio": _ratio(both, window_s),
+            "overlap_of_communication": _ratio(both, tc),
         }
 
-    # One `.item()` is one synchronisation: the cudaStreamSynchronize inside
-    # its aten::_local_scalar_dense is not counted again.
-    sync_calls = sum(len(v) for v in sync_ops.values()) + sum(
-        1
-        for thread, (a, b) in sync_runtime
-        if not any(c <= a and b <= d for c, d in sync_ops.get(thread, ()))
-    )
-    if not by_type["Kernel"] and not by_type["Communication"] and not by_type["Memcpy"]:
-        # No GPU: reading a CPU tensor's value stalls nothing.
-        sync_calls = 0
+    # Synchronisations: synchronising CUDA calls, one per op call that made
+    # them (or per call, made outside any op).
+    sync_keys: dict[Any, str] = {}
+    for i in runtime_in:
+        e = spans[i]
+        if e.name in SYNC_RUNTIME:
+            op = launched_by.get(i)
+            if op is None:
+                sync_keys[("call", i)] = e.name
+            else:
+                sync_keys.setdefault(("op", op), spans[op].name)
+    sync_by: dict[str, int] = {}
+    for name in sync_keys.values():
+        sync_by[name] = sync_by.get(name, 0) + 1
+    sync_calls = len(sync_keys)
+
     per_call: dict[str, list[float]] = {}
-    for ext, t in call_gpu.items():
-        per_call.setdefault(ext_to_op[ext], []).append(t)
+    for call, t in call_gpu.items():
+        per_call.setdefault(spans[call].name, []).append(t)
 
     def gpu_stats(name: str) -> dict[str, Any]:
         launched = per_call.get(name)
         if not launched:
             return {"gpu_total": None, "gpu_avg": None, "gpu_max": None, "gpu_min": None}
-        n = len(ops[name])
+        n = max(len(ops[name]), len(launched))
+        s = sum(launched)
         # Calls that launched no kernel took no GPU time.
         idle = [0.0] if n > len(launched) else []
         return {
-            "gpu_total": op_gpu[name],
-            "gpu_avg": op_gpu[name] / n,
+            "gpu_total": s,
+            "gpu_avg": s / n,
             "gpu_max": max(launched),
             "gpu_min": min(launched + idle),
         }
 
-    window_s = window / 1e6
-    kernel_total = sum(sum(v) for v in kernels.values())
+    kernel_totals = {n: sum(d) for n, d in kernels.items()}
+    kernel_total = sum(kernel_totals.values())
+    launched_names = {k for per in op_kernels.values() for k in per}
+    shown = display_names(
+        {**{n: 0.0 for n in launched_names}, **kernel_totals}
+    )
+    kernel_calls = sum(len(d) for d in kernels.values())
+    gpu_present = bool(gpu_in)
     return {
         "steps": steps,
+        "steps_from": source,
+        "step_ids": [step_ids[0], step_ids[-1]] if step_ids else None,
         "window_time": window_s,
+        "window_gpu_tail": max(0.0, (hi - hi_cpu) / 1e6) if not every else 0.0,
         "overview": overview,
+        "gpus": gpus,
         "operators": [
             {
                 "name": n,
@@ -450,14 +632,27 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
                 "ratio": _ratio(sum(d), window_s),
                 **gpu_stats(n),
                 "flops": op_flops.get(n),
-                "kernels": [{"name": k, **_stats(v)} for k, v in op_kernels.get(n, {}).items()],
+                "kernels": [
+                    {"name": shown.get(k, k), "full_name": k, **_stats(v)}
+                    for k, v in op_kernels.get(n, {}).items()
+                ],
             }
             for n, d in ops.items()
         ],
         "kernels": [
-            {"name": n, **_stats(d), "ratio": _ratio(sum(d), kernel_total)}
+            {
+                "name": shown[n],
+                "full_name": n,
+                **_stats(d),
+                "ratio": _ratio(kernel_totals[n], kernel_total),
+            }
             for n, d in kernels.items()
         ],
+        "kernel_total": {
+            "calls": kernel_calls,
+            "total": kernel_total,
+            "ratio": _ratio(kernel_total, window_s),
+        },
         "user_defined": [
             {"name": n, **_stats(d), "ratio": _ratio(sum(d), window_s)} for n, d in user.items()
         ],
@@ -465,12 +660,14 @@ def summarize(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
             "copies": [{"name": n, **_stats(d)} for n, d in memcpy.items()],
             "sync_calls": sync_calls,
             "sync_per_step": sync_calls / steps if steps else None,
+            "sync_by_op": dict(sorted(sync_by.items(), key=lambda kv: (-kv[1], kv[0]))),
         },
         "distributed": {
+            "basis": "gpu" if gpu_present else "cpu",
             "cpu": dist_side(comm_cpu, compute_cpu),
             "gpu": dist_side(comm_gpu, compute_gpu),
         },
-        "memory": memory_summary(events, spans),
+        "memory": memory_summary(evs, spans, (lo, hi) if not every else None),
     }
 
 
@@ -479,16 +676,20 @@ def _device(args: dict[str, Any]) -> str:
 
 
 def memory_summary(
-    events: Sequence[dict[str, Any]], spans: Sequence[dict[str, Any]]
+    events: Sequence[Any], spans: Sequence[Any], window: Optional[Interval] = None
 ) -> dict[str, Any]:
     """Peak allocated / reserved per device, peak per phase, and the ops that
-    allocate most (from `profile_memory` instant events)."""
-    mem = [e for e in events if e.get("ph") == "i" and e.get("name") == "[memory]"]
+    allocate most (from `profile_memory` instant events in `window`)."""
+    events = _events(events)
+    spans = _events(spans)
+    mem = [e for e in events if e.ph == "i" and e.name == "[memory]"]
+    if window is not None:
+        mem = [e for e in mem if window[0] <= e.ts <= window[1]]
     if not mem:
         return {"recorded": False}
     devices: dict[str, dict[str, int]] = {}
     for e in mem:
-        a = e.get("args") or {}
+        a = e.args
         d = devices.setdefault(_device(a), {"peak_allocated": 0, "peak_reserved": 0})
         d["peak_allocated"] = max(d["peak_allocated"], int(a.get("Total Allocated", 0) or 0))
         d["peak_reserved"] = max(d["peak_reserved"], int(a.get("Total Reserved", 0) or 0))
@@ -498,8 +699,8 @@ def memory_summary(
     # (the phase is the process's: backward's device threads are in it).
     points: list[tuple[float, int, float, int, Any, str, int, int, str]] = []
     for e in spans:
-        cat = e.get("cat")
-        name = e.get("name", "")
+        cat = e.cat
+        name = e.name
         if cat == "cpu_op":
             kind = 0
         elif (
@@ -511,20 +712,20 @@ def memory_summary(
             name = name[len(PHASE_PREFIX) :]
         else:
             continue
-        thread = (e.get("pid"), e.get("tid"))
-        end = e["ts"] + e["dur"]
+        thread = (e.pid, e.tid)
+        end = e.end
         # Opening at one time: outer ranges first.
-        points.append((e["ts"], 0, -end, kind, thread, name, 0, 0, ""))
+        points.append((e.ts, 0, -end, kind, thread, name, 0, 0, ""))
         points.append((end, 2, 0.0, kind, thread, name, 0, 0, ""))
     for e in mem:
-        a = e.get("args") or {}
+        a = e.args
         points.append(
             (
-                e["ts"],
+                e.ts,
                 1,
                 0.0,
                 2,
-                (e.get("pid"), e.get("tid")),
+                (e.pid, e.tid),
                 "",
                 int(a.get("Bytes", 0) or 0),
                 int(a.get("Total Allocated", 0) or 0),

@@ -55,6 +55,11 @@ class WindowReport:
     window_median: Optional[float] = None
     outside_median: Optional[float] = None
     warnings: list[str] = field(default_factory=list)
+    #: What the window is, where it is not steps [START, END) of a run
+    #: (`perfrun analyze`: the trace's own steps).
+    label: Optional[str] = None
+    #: Lines about where the data came from (the tables' info lines).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def overhead(self) -> Optional[float]:
@@ -77,6 +82,7 @@ class WindowReport:
             "model": self.model.to_dict() if self.model else None,
             "ranks": {str(r.rank): r.summary for r in self.ranks},
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
         }
 
 
@@ -119,6 +125,32 @@ def window_report(
             f"the script ended inside the detailed window [{start}, {end}): steps "
             f"{start}..{len(rows) - 1} were recorded"
         )
+    if settings.get("nsys"):
+        report.notes.append(
+            "under --nsys the window is nsys's capture range and torch.profiler records CPU "
+            "activities only (two CUPTI clients cannot share a process): the GPU tables are "
+            "in the nsys report, nsys/rank<R>.nsys-rep in the run folder (open it in Nsight "
+            "Systems, or `nsys stats` it)"
+        )
     if not report.ranks and len(rows) > start:
         report.warnings.append("no window tables: the profiler recorded nothing (see notes)")
+    return report
+
+
+def trace_window_report(traces: Sequence[tuple[int, str, dict[str, Any]]]) -> WindowReport:
+    """The window tables of traces a user already has (`perfrun analyze`):
+    (rank, file name, summary) per trace, the first one the reference."""
+    report = WindowReport(window=(0, 0))
+    for rank, _name, summary in traces:
+        report.ranks.append(RankWindow(rank, summary))
+    if traces:
+        _rank, name, s = traces[0]
+        source = {
+            "perfrun": "perfrun's step ranges",
+            "ProfilerStep": "torch.profiler's ProfilerStep#N ranges",
+            "trace": "no step ranges in the trace: the whole trace is one window",
+        }.get(str(s.get("steps_from")), "")
+        ids = s.get("step_ids")
+        which = f" #{ids[0]}..#{ids[1]}" if isinstance(ids, list) and len(ids) == 2 else ""
+        report.label = f"{name}: {s.get('steps', 0)} steps{which} ({source})"
     return report

@@ -15,15 +15,16 @@ from typing import Any
 from perfrun.analysis.summary import Report
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float made None (strict JSON)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
+        return {str(k): finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(_finite(report.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+    return json.dumps(finite(report.to_dict()), indent=2, sort_keys=True, allow_nan=False)

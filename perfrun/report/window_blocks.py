@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from perfrun.analysis.trace import PHASE_TYPES
 from perfrun.analysis.window import WindowReport, sort_rows
 from perfrun.report.common import (
     DASH,
@@ -168,7 +169,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
     limit = int(view.get("row_limit") or 20)
     sort_by = str(view.get("sort_by") or "cpu-total")
     start, end = w.window
-    info = [f"steps [{start}, {end})", f"time unit: {unit}"]
+    info = [w.label or f"steps [{start}, {end})", f"time unit: {unit}"]
     if w.overhead is not None:
         info.append(
             f"profiler overhead: window steps {w.overhead * 100:+.1f}% vs steps outside "
@@ -185,26 +186,52 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
 
     if show("overview"):
         rows = []
+        foreign = s.get("steps_from", "perfrun") != "perfrun"
         for o in s.get("overview", []):
-            if o["calls"] == 0 and (o["side"] == "gpu" or o["type"] == "CudaRuntime"):
+            if o["calls"] == 0 and (
+                o["side"] == "gpu" or o["type"] == "CudaRuntime"
+                or (foreign and o["type"] in PHASE_TYPES)
+            ):
                 continue
             rows.append([o["type"], str(o["calls"]), fmt_num(o["time"], 3, f), _pct(o["ratio"])])
+        notes = [
+            "time per type is the union of its events (overlaps merged), so no type "
+            "exceeds 100%"
+        ]
+        gpu_rows = []
+        for g in s.get("gpus") or []:
+            label = f"GPU {g['device']}"
+            gpu_rows.append(
+                [f"{label} busy", str(g["events"]), fmt_num(g["busy"], 3, f),
+                 _pct(g["utilization"])]
+            )
+            gpu_rows.append([f"{label} idle", DASH, fmt_num(g["idle"], 3, f),
+                             _pct(1.0 - g["utilization"] if g["utilization"] is not None
+                                  else None)])
+            notes.append(
+                f"{label}: busy {_pct(g['span_utilization'])}% of its own span (first to last "
+                f"GPU event, {fmt_num(g['span'], 3, f)} {unit}; idle "
+                f"{fmt_num(g['span_idle'], 3, f)} {unit} in it)"
+            )
+        tail = s.get("window_gpu_tail") or 0.0
+        if tail > 0:
+            notes.append(
+                f"GPU work launched in the window ran {fmt_num(tail, 3, f)} {unit} past the "
+                "last step edge: the window, and every table, includes it"
+            )
         out.append(
             TableBlock(
                 "overview",
                 "Overview Summary",
-                info
-                + [
-                    "time per type is the union of its events (overlaps merged), so no type "
-                    "exceeds 100%"
-                ],
+                info + list(w.notes) + notes,
                 [
                     Column("Event type", "left"),
                     Column("Calls"),
                     Column(f"Time ({unit})"),
                     Column("Ratio (%)"),
                 ],
-                rows,
+                rows + gpu_rows,
+                breaks={len(rows)} if gpu_rows else set(),
             )
         )
 
@@ -275,11 +302,29 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
             [_name(r["name"]), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
             for r in sort_rows(kernels, sort_by)[:limit]
         ]
+        kt = s.get("kernel_total") or {}
+        shown = len(rows)
+        if kt:
+            rows.append(
+                [f"Total ({len(kernels)} kernels)", str(kt.get("calls", 0)),
+                 fmt_num(kt.get("total"), 3, f), DASH, DASH, DASH, "100.00"]
+            )
+        kinfo = [f"sorted by {sort_by}", f"time unit: {unit}"]
+        if any(str(r["name"]).rsplit(" #", 1)[-1].isdigit() for r in kernels):
+            kinfo.append(
+                "kernels whose shortened names match are numbered #1, #2... (most time "
+                "first), not merged; --format json has each one's full name"
+            )
+        if kt.get("ratio") is not None:
+            kinfo.append(
+                f"kernel time summed: {_pct(kt['ratio'])}% of the window (streams running at "
+                "once can take it past 100%)"
+            )
         out.append(
             TableBlock(
                 "kernel",
                 "Kernel Summary",
-                [f"sorted by {sort_by}", f"time unit: {unit}"],
+                kinfo,
                 [
                     Column("Name", "left"),
                     Column("Calls"),
@@ -287,42 +332,39 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                     Column("Ratio (%)"),
                 ],
                 rows,
+                strong={shown} if kt else set(),
+                breaks={shown} if kt else set(),
             )
         )
 
     if show("dist"):
         rows = []
+        comm: list[tuple[int, float]] = []
+        basis = "cpu"
         for rw in w.ranks:
             d = rw.summary.get("distributed", {})
-            for side in ("cpu", "gpu"):
-                x = d.get(side) or {}
-                if not x.get("communication") and not x.get("computation"):
-                    continue
-                if side == "gpu" and not x.get("communication") and not kernels:
-                    continue
-                rows.append(
-                    [
-                        f"rank {rw.rank} ({side.upper()})",
-                        _share(x, "communication", f),
-                        _share(x, "computation", f),
-                        _share(x, "overlap", f),
-                    ]
-                )
-        if any(r[1].split()[0] not in ("0.000", DASH) for r in rows):
-            comm = [
-                (
-                    rw.rank,
-                    (rw.summary.get("distributed", {}).get("cpu") or {}).get("communication")
-                    or 0.0,
-                )
-                for rw in w.ranks
-            ]
+            side = d.get("basis") or ("gpu" if (d.get("gpu") or {}).get("computation") else "cpu")
+            basis = "gpu" if side == "gpu" else basis
+            x = d.get(side) or {}
+            if not x.get("communication") and not x.get("computation"):
+                continue
+            comm.append((rw.rank, x.get("communication") or 0.0))
+            rows.append(
+                [
+                    f"rank {rw.rank} ({side.upper()})",
+                    _share(x, "communication", f),
+                    _share(x, "computation", f),
+                    _share(x, "overlap", f),
+                ]
+            )
+        if any(c > 0 for _r, c in comm):
             footer = []
             if len(comm) > 1:
                 most = max(comm, key=lambda c: c[1])
                 least = min(comm, key=lambda c: c[1])
+                what = "communication kernels" if basis == "gpu" else "communication"
                 footer.append(
-                    f"rank {most[0]} spends the most time in communication "
+                    f"rank {most[0]} spends the most time in {what} "
                     f"({fmt_num(most[1], 3, f)} {unit} vs {fmt_num(least[1], 3, f)} {unit} on "
                     f"rank {least[0]}): it waits on the others"
                 )
@@ -330,7 +372,11 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                 TableBlock(
                     "distributed",
                     "Distributed Summary",
-                    [f"time unit: {unit}; ratio of the window"],
+                    [
+                        f"time unit: {unit}; ratio of the window",
+                        "GPU: communication kernels (NCCL) against the other kernels on the "
+                        "GPU; CPU: the host's communication calls, for ranks without a GPU",
+                    ],
                     [
                         Column("Rank", "left"),
                         Column("Communication"),
@@ -355,7 +401,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
         ]
         rows.append(
             [
-                "Synchronous copies (.item(), .cpu(), synchronize)",
+                "Synchronisations (.item(), .cpu(), synchronize)",
                 str(mm.get("sync_calls", 0)),
                 *([DASH] * 4),
                 f"{mm['sync_per_step']:.2f}" if mm.get("sync_per_step") is not None else DASH,
@@ -373,7 +419,12 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                     Column("Per step"),
                 ],
                 rows,
-                footer=["Each synchronous copy stalls the CPU until the device catches up."],
+                footer=["Each synchronisation stalls the CPU until the device catches up."]
+                + (
+                    ["Made by: " + ", ".join(
+                        f"{name} {n}" for name, n in list(mm["sync_by_op"].items())[:5])]
+                    if mm.get("sync_by_op") else []
+                ),
             )
         )
 
