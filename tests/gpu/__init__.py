@@ -1,0 +1,1 @@
+"""GPU checks (see test_gpu.py)."""
