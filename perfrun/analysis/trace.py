@@ -72,6 +72,7 @@ CPU_TYPES = ("ProfileStep",) + PHASE_TYPES + ("Operator", "CudaRuntime", "UserDe
 GPU_TYPES = ("Kernel", "Memcpy", "Memset", "Communication")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+_HOST_CATS = frozenset(("cpu_op", "user_annotation") + RUNTIME_CATS)
 
 # Annotations torch itself adds; not the user's own ranges.
 _TORCH_ANNOTATIONS = (
@@ -388,24 +389,82 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
     )
     every = source == "trace"  # no steps: the whole trace is the window
 
-    def in_host(e: Event) -> bool:
-        # Started in the window, or running when it opened.
-        return every or (e.ts < hi_cpu and (e.ts >= lo or e.end > lo))
-
-    dropped, made_by = call_trees(spans)
+    dropped, launched_by = call_trees(spans)
     runtime_by_corr: dict[Any, int] = {}
     op_by_ext: dict[Any, int] = {}
     runtime_in: list[int] = []
+    by_type: dict[str, list[Interval]] = {t: [] for t in CPU_TYPES + GPU_TYPES}
+    calls: dict[str, int] = dict.fromkeys(by_type, 0)
+    ops: dict[str, list[float]] = {}
+    op_flops: dict[str, float] = {}
+    user: dict[str, list[float]] = {}
+    comm_cpu: list[Interval] = []
+    compute_cpu: list[Interval] = []
+    phase_ranges: list[Event] = []
+    step_ivs = by_type["ProfileStep"]
+    op_ivs = by_type["Operator"]
+    runtime_ivs = by_type["CudaRuntime"]
+    torch_steps = source == "ProfilerStep"
     for i, e in enumerate(spans):
         cat = e.cat
-        if cat in RUNTIME_CATS:
-            if e.corr is not None:
-                runtime_by_corr[e.corr] = i
-            if in_host(e):
-                runtime_in.append(i)
-        elif cat == "cpu_op":
+        if cat not in _HOST_CATS:
+            continue
+        ts = e.ts
+        end = ts + e.dur
+        # Started in the window, or running when it opened.
+        inside = every or (ts < hi_cpu and (ts >= lo or end > lo))
+        name = e.name
+        if cat == "cpu_op":
             if e.ext is not None:
                 op_by_ext[e.ext] = dropped.get(i, i)
+            if not inside or i in dropped:
+                continue
+            if torch_steps and name.startswith(TORCH_STEP_PREFIX):
+                step_ivs.append((ts, end))
+                continue
+            op_ivs.append((ts, end))
+            durs = ops.get(name)
+            if durs is None:
+                durs = ops[name] = []
+            durs.append(e.dur / 1e6)
+            if e.args:
+                flops = e.args.get("flops")
+                if flops:
+                    try:
+                        op_flops[name] = op_flops.get(name, 0.0) + float(flops)
+                    except (TypeError, ValueError):
+                        pass
+            if is_communication(name):
+                comm_cpu.append((ts, end))
+            else:
+                compute_cpu.append((ts, end))
+        elif cat == "user_annotation":
+            if not inside or i in dropped:
+                continue
+            if name.startswith(STEP_PREFIX) or (torch_steps and name.startswith(TORCH_STEP_PREFIX)):
+                step_ivs.append((ts, end))
+            elif name.startswith(PHASE_PREFIX):
+                phase_ranges.append(e)
+            elif name.startswith(MODULE_PREFIX):
+                pass  # perfrun's own per-module ranges (the Module Summary's)
+            elif is_communication(name):
+                comm_cpu.append((ts, end))
+            elif not name.startswith(_TORCH_ANNOTATIONS):
+                by_type["UserDefined"].append((ts, end))
+                calls["UserDefined"] += 1
+                user.setdefault(name, []).append(e.dur / 1e6)
+        else:  # a CUDA runtime or driver call
+            if e.corr is not None:
+                runtime_by_corr[e.corr] = i
+            if inside:
+                runtime_in.append(i)
+                runtime_ivs.append((ts, end))
+    calls["ProfileStep"] = len(step_ivs)
+    calls["Operator"] = len(op_ivs)
+    calls["CudaRuntime"] = len(runtime_ivs)
+
+    def in_host(e: Event) -> bool:
+        return every or (e.ts < hi_cpu and (e.ts >= lo or e.end > lo))
 
     # GPU work of the window: launched in it (by correlation), or, with no
     # launch in the trace, running in it.
@@ -425,62 +484,6 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
         hi = max([hi] + [e.end for e, _ in gpu_in])
     window = hi - lo
     window_s = window / 1e6
-
-    launched_by = made_by
-
-    by_type: dict[str, list[Interval]] = {t: [] for t in CPU_TYPES + GPU_TYPES}
-    calls: dict[str, int] = dict.fromkeys(by_type, 0)
-    ops: dict[str, list[float]] = {}
-    op_flops: dict[str, float] = {}
-    user: dict[str, list[float]] = {}
-    comm_cpu: list[Interval] = []
-    compute_cpu: list[Interval] = []
-    phase_ranges: list[Event] = []
-    for i, e in enumerate(spans):
-        cat = e.cat
-        if cat not in ("user_annotation", "cpu_op", "cuda_runtime", "cuda_driver"):
-            continue
-        if i in dropped or not in_host(e):
-            continue
-        name = e.name
-        iv = (e.ts, e.end)
-        if cat == "user_annotation":
-            if name.startswith(STEP_PREFIX) or (
-                source == "ProfilerStep" and name.startswith(TORCH_STEP_PREFIX)
-            ):
-                by_type["ProfileStep"].append(iv)
-                calls["ProfileStep"] += 1
-            elif name.startswith(PHASE_PREFIX):
-                phase_ranges.append(e)
-            elif name.startswith(MODULE_PREFIX):
-                pass  # perfrun's own per-module ranges (the Module Summary's)
-            elif is_communication(name):
-                comm_cpu.append(iv)
-            elif not name.startswith(_TORCH_ANNOTATIONS):
-                by_type["UserDefined"].append(iv)
-                calls["UserDefined"] += 1
-                user.setdefault(name, []).append(e.dur / 1e6)
-        elif cat == "cpu_op":
-            if source == "ProfilerStep" and name.startswith(TORCH_STEP_PREFIX):
-                by_type["ProfileStep"].append(iv)
-                calls["ProfileStep"] += 1
-                continue
-            by_type["Operator"].append(iv)
-            calls["Operator"] += 1
-            ops.setdefault(name, []).append(e.dur / 1e6)
-            flops = e.args.get("flops")
-            if flops:
-                try:
-                    op_flops[name] = op_flops.get(name, 0.0) + float(flops)
-                except (TypeError, ValueError):
-                    pass
-            if is_communication(name):
-                comm_cpu.append(iv)
-            else:
-                compute_cpu.append(iv)
-        else:
-            by_type["CudaRuntime"].append(iv)
-            calls["CudaRuntime"] += 1
 
     # GPU side: kernels by full name, copies, per-device busy time, and each
     # op call's GPU time.

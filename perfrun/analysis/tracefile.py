@@ -125,11 +125,8 @@ class _Compactor:
         if args.__class__ is not dict:
             return Event(ph, o.get("cat"), name, ts, dur, o.get("pid"), o.get("tid"))
         extra = None
-        for key in EXTRA_ARGS:
-            if key in args:
-                if extra is None:
-                    extra = {}
-                extra[key] = args[key]
+        if ph == "i" or "flops" in args:  # the only events with extras
+            extra = {key: args[key] for key in EXTRA_ARGS if key in args}
         return Event(
             ph, o.get("cat"), name, ts, dur, o.get("pid"), o.get("tid"),
             args.get("External id"), args.get("correlation"), args.get("device"), extra,
