@@ -823,3 +823,21 @@ def test_item_on_a_cpu_tensor_is_no_synchronisation_even_beside_a_gpu() -> None:
     mm = summarize(events)["memory_manipulation"]
     assert mm["sync_calls"] == 2
     assert mm["sync_by_op"] == {"aten::_local_scalar_dense": 1, "aten::nonzero": 1}
+
+
+def test_under_nsys_the_report_says_where_the_gpu_tables_are() -> None:
+    from builders import make_rank, make_rows
+
+    from perfrun.analysis.window import window_report
+
+    rows = make_rows([{"forward": 0.01}] * 12)
+    for nsys in (False, True):
+        rank = make_rank(rows, window=[4, 6], settings={"nsys": nsys, "scheduler": [4, 6]})
+        rank.data["window_summary"] = summarize(window_events(), 2)
+        w = window_report([rank], rank, (4, 6), warmup=0)
+        assert w is not None
+        out = window_blocks(w, {}, lambda _key: True)
+        overview_info = next(b for b in out if b.key == "overview").info
+        said = [line for line in overview_info if "nsys report" in line]
+        assert bool(said) is nsys
+    assert "nsys/rank<R>.nsys-rep" in said[0]
