@@ -3,10 +3,10 @@ how much memory does it use?
 
     python scripts/bench_analyze.py [--size-mb 50] [--runs 5] [--source TRACE]
 
-The trace is made from a real one (by default ../shared/traces/
+The trace is made from a real one (by default tests/data/traces/
 sync_copies.json.gz, 26 MB of a GPU training run of 5 steps): it is
-repeated, shifted in time and with its ids renumbered, as many times as
-comes closest to --size-mb megabytes. It is written uncompressed, as torch.profiler writes
+repeated, shifted in time and with its ids renumbered, the last copy cut
+short in time, until the JSON is about --size-mb megabytes. It is written uncompressed, as torch.profiler writes
 it, to a temporary folder.
 
 Each run is a fresh interpreter that imports perfrun, then reads and
@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_SOURCE = os.path.join(HERE, "..", "..", "shared", "traces", "sync_copies.json.gz")
+DEFAULT_SOURCE = os.path.join(HERE, "..", "tests", "data", "traces", "sync_copies.json.gz")
 
 _MEASURE = r"""
 import json, resource, sys, time
@@ -72,13 +72,19 @@ def build_trace(source: str, size_mb: float, out: str) -> int:
     start = min(e["ts"] for e in spans)
     end = max(e["ts"] + (e.get("dur") or 0) for e in spans)
     one = len(json.dumps(events))
-    copies = max(1, round(size_mb * 1e6 / one))
+    # Whole copies, then the first part (in time) of one more.
+    need = size_mb * 1e6 / one
+    copies = max(1, int(-(-need // 1)))
+    part = need - (copies - 1)
     out_events: list[Any] = []
     id_step = 10_000_000
     for k in range(copies):
         shift = k * (end - start + 1000)
+        until = start + (end - start) * (part if k == copies - 1 else 1.0)
         for e in events:
             if k and e.get("ph") == "M":
+                continue
+            if isinstance(e.get("ts"), (int, float)) and e["ts"] > until:
                 continue
             c = dict(e)
             if isinstance(c.get("ts"), (int, float)):

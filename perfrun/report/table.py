@@ -61,14 +61,31 @@ def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) 
     )
 
 
-def _table(block: TableBlock, columns: list[int]) -> Table:
+def _widest(block: TableBlock, i: int) -> int:
+    """The widest cell of column `i`, or the header's longest word."""
+    return max(
+        [len(row[i]) for row in block.rows if i < len(row)]
+        + [len(word) for word in block.columns[i].header.split()]
+    )
+
+
+def _table(block: TableBlock, columns: list[int], width: Optional[int] = None) -> Table:
+    """`width`: the console's; where the table is wider, the name column
+    gives way, never a number (a cut number is a wrong number; a cut name
+    is still a name)."""
     table = Table(box=_BOX, show_edge=False, pad_edge=False, expand=False, collapse_padding=True)
+    name_room = None
+    if width is not None and block.key_columns == 1 and columns and columns[0] == 0:
+        others = sum(_widest(block, i) + 2 for i in columns[1:])
+        name_room = max(20, width - others)
     for i in columns:
         col = block.columns[i]
         table.add_column(
             Text(col.header, style="bold"),
             justify="left" if col.align == "left" else "right",
             no_wrap=i < block.key_columns,
+            max_width=name_room if i == 0 else None,
+            overflow="ellipsis" if i == 0 else "fold",
         )
     for index, row in enumerate(block.rows):
         style = "bold" if index in block.strong else None
@@ -82,16 +99,16 @@ def _tables(block: TableBlock, console: Console) -> list[Table]:
     """One table, or, when it does not fit the console, one per column group
     (the Model Summary's CPU and GPU halves), so nothing wraps mid-number."""
     every = list(range(len(block.columns)))
-    whole = _table(block, every)
     if block.groups is None:
-        return [whole]
+        return [_table(block, every, console.width)]
+    whole = _table(block, every)
     # Measure without the console's limit: rich clamps a measurement to the
     # width it is given, which would make every table appear to fit.
     wide = console.options.update_width(10_000)
     if console.measure(whole, options=wide).maximum <= console.width:
         return [whole]
     key = list(range(block.key_columns))
-    return [_table(block, key + group) for group in block.groups]
+    return [_table(block, key + group, console.width) for group in block.groups]
 
 
 def render_table(report: Report, console: Console) -> None:
