@@ -128,6 +128,9 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
             "profile",
             "--trace=cuda,nvtx,osrt",
             "--sample=none",
+            # A node per CUDA graph kernel, rather than one opaque range per
+            # graph launch.
+            "--cuda-graph-trace=node",
             f"--output={out}",
             "--force-overwrite=true",
         ]

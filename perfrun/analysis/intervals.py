@@ -26,7 +26,9 @@ def total(intervals: Sequence[Interval]) -> float:
 
 
 def clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
-    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+    return [
+        (a if a > lo else lo, b if b < hi else hi) for a, b in intervals if b > lo and a < hi
+    ]
 
 
 def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:

@@ -285,17 +285,22 @@ def call_trees(spans: Sequence[Any]) -> tuple[dict[int, int], dict[int, int]]:
                 ends.pop()
                 idxs.pop()
                 inner.pop()
+            if kind == 2:
+                # A runtime call is a leaf (nothing nests in it, and it is
+                # never its parent's redispatch): it only counts as a child.
+                if idxs:
+                    p = idxs[-1]
+                    nchild[p] = nchild.get(p, 0) + 1
+                    if inner[-1] >= 0:
+                        op_of[i] = inner[-1]
+                continue
             if idxs:
                 p = idxs[-1]
                 parent[i] = p
                 nchild[p] = nchild.get(p, 0) + 1
-                op = inner[-1]
+                op = i if kind == 1 else inner[-1]
             else:
-                op = -1
-            if kind == 1:
-                op = i
-            elif kind == 2 and op >= 0:
-                op_of[i] = op
+                op = i if kind == 1 else -1
             ends.append(end)
             idxs.append(i)
             inner.append(op)

@@ -84,6 +84,7 @@ class Agent:
         self.roots = RootTracker()
         self.module_ranges: Any = None
         self._cuda_possible = False
+        self._gpu_undo: Optional[Callable[[], None]] = None
         self._begin_listeners: list[Callable[[int, float], None]] = []
         self._end_listeners: list[Callable[[int, float, bool], None]] = []
         self._undo: list[Any] = []
@@ -127,10 +128,16 @@ class Agent:
 
     def _setup_gpu_and_nvtx(self, torch: Any) -> None:
         if not self.settings.timer_only:
-            try:
-                self._cuda_possible = bool(torch.cuda.is_available())
-            except Exception:
-                self._cuda_possible = False
+            # Only whether this torch was built with CUDA (or ROCm): asking
+            # `torch.cuda.is_available()` here, right after the script's
+            # `import torch`, would initialise the driver (cuInit, NVML)
+            # before the script set CUDA_VISIBLE_DEVICES or forked its
+            # workers. CUDA is touched only once the script initialised it
+            # (see _maybe_start_cuda).
+            version = getattr(torch, "version", None)
+            self._cuda_possible = bool(
+                getattr(version, "cuda", None) or getattr(version, "hip", None)
+            )
         if self.settings.use_nvtx:
             try:
                 import nvtx
@@ -180,26 +187,81 @@ class Agent:
             self.phase_clock.listener = every
 
     def _maybe_start_cuda(self) -> None:
-        # CUDA events only once the script itself has initialised CUDA: never
-        # create a context (on the wrong device, before set_device) ourselves.
+        """Start the CUDA phase timer once the script itself has
+        initialised CUDA. `torch.cuda.is_initialized()` reads a Python flag
+        (and the bad-fork flag): no driver call, so it is safe at every step
+        begin until then. Before it, perfrun never touches CUDA: no context
+        (on the wrong device, before set_device), no driver initialisation
+        that would break a later CUDA_VISIBLE_DEVICES or a fork."""
         torch = self.torch
         if not torch.cuda.is_initialized():
             return
         self._cuda_possible = False
-        from .gpu import CudaPhaseTimer
+        from .gpu import CudaPhaseTimer, guard_captures
 
-        self.gpu_timer = CudaPhaseTimer(torch)
-        self._begin_listeners.append(self.gpu_timer.step_begin)
-        self._end_listeners.append(self.gpu_timer.step_end)
+        timer = CudaPhaseTimer(
+            torch,
+            device_of=self.cuda_device,
+            on_fault=self._gpu_fault,
+            first_row=len(self.tracker.rows),
+        )
+        self.gpu_timer = timer
+        self._begin_listeners.append(timer.step_begin)
+        self._end_listeners.append(timer.step_end)
         self._update_listener()
         try:
+            self._gpu_undo = guard_captures(torch, timer)
+        except Exception as exc:
+            self.record_fault("cuda.graphs", exc)
+        try:
+            device = self.cuda_device()
             self.cuda = {
                 "version": torch.version.cuda,
-                "device": torch.cuda.current_device(),
-                "name": torch.cuda.get_device_name(),
+                "device": device,
+                "name": torch.cuda.get_device_name(device),
+                "current_device": torch.cuda.current_device(),
             }
         except Exception:
             pass
+        if self.sampler is not None:
+            try:
+                count = torch.cuda.device_count()
+                uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+                self.sampler.use_cuda_uuids(uuids)
+            except Exception as exc:
+                self.record_fault("device.uuid", exc)
+
+    def cuda_device(self) -> int:
+        """The device the script works on (gpu.work_device); only once the
+        script initialised CUDA."""
+        from .gpu import work_device
+
+        return work_device(self.torch, self.roots, self.local_rank)
+
+    def _gpu_fault(self, where: str, exc: BaseException) -> None:
+        """The CUDA timer faulted (it has switched itself off): record it
+        and detach it completely, so no listener of it runs again."""
+        self.record_fault(where, exc)
+        self._detach_gpu_timer()
+
+    def _detach_gpu_timer(self) -> None:
+        timer, self.gpu_timer = self.gpu_timer, None
+        if timer is None:
+            return
+        timer.off = True
+        # New lists rather than removal in place: a fault inside the step
+        # callbacks happens while these very lists are being iterated.
+        self._begin_listeners = [f for f in self._begin_listeners
+                                 if getattr(f, "__self__", None) is not timer]
+        self._end_listeners = [f for f in self._end_listeners
+                               if getattr(f, "__self__", None) is not timer]
+        self._update_listener()
+        undo, self._gpu_undo = self._gpu_undo, None
+        if undo is not None:
+            try:
+                undo()
+            except Exception as exc:
+                self.record_fault("cuda.graphs", exc)
 
     # -- step callbacks (from the tracker) ---------------------------------------
 
@@ -286,12 +348,12 @@ class Agent:
         rows = self.tracker.rows
         n = len(rows)
         ready = n
-        if self.gpu_timer is not None:
+        timer = self.gpu_timer
+        if timer is not None:
             try:
-                ready = self.gpu_timer.resolve(rows, _GPU_COL)
+                ready = timer.resolve(rows, _GPU_COL)
             except Exception as exc:
-                self.record_fault("cuda", exc)
-                self.gpu_timer = None
+                self._gpu_fault("cuda", exc)
             if final:
                 ready = n
         if ready <= self._n_encoded:
@@ -398,11 +460,17 @@ class Agent:
                 self.window.finish()
             except Exception as exc:
                 self.record_fault("window", exc)
-        if self.gpu_timer is not None:
+        timer = self.gpu_timer
+        if timer is not None:
             try:
-                self.torch.cuda.synchronize()
+                timer.synchronize(self.torch)
             except Exception:
                 pass
+            if timer.unknown:
+                self.notes.append(
+                    f"GPU time unknown for {timer.unknown} steps: a CUDA graph was being "
+                    "captured during them (perfrun records no event into a capture)"
+                )
         if self.status == "running":
             self.status = "finished"
         last = getattr(sys, "last_value", None)

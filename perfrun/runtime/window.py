@@ -58,6 +58,7 @@ class ProfilerWindow:
         self._enter, self._exit = range_api(torch)
         self.result: Optional[dict[str, Any]] = None
         self._cuda_capture = False
+        self._capture_device: Optional[int] = None
         self._roots_known = 0
         self._now = time.perf_counter
         # Names of the top-level phase ranges of each recorded step, in
@@ -133,12 +134,28 @@ class ProfilerWindow:
 
     # -- the profiler ------------------------------------------------------------
 
+    def under_nsys(self) -> bool:
+        """Is this rank run inside nsys (--nsys, and one of --nsys-ranks)?"""
+        here = getattr(self.agent, "_nsys_here", None)
+        return bool(here()) if here is not None else bool(self.agent.settings.nsys)
+
+    def activities(self) -> list[Any]:
+        """What torch.profiler records. CUDA activity only once the script
+        has initialised CUDA (`is_initialized` makes no driver call;
+        `is_available` would initialise the driver itself), and never under
+        nsys: nsys already holds the process's CUPTI subscription, and a
+        second subscriber (Kineto's) fails. There the GPU tables are nsys's
+        (see nsys_tables), and the window is nsys's capture range."""
+        torch = self.torch
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_initialized() and not self.under_nsys():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        return activities
+
     def _start(self, index: int) -> None:
         torch = self.torch
         settings = self.agent.settings
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        activities = self.activities()
         warm = 1 if index < self.start else 0
         active = self.end - max(index + warm, self.start)
         self.recorded_from = max(index + warm, self.start)
@@ -155,12 +172,23 @@ class ProfilerWindow:
         self.state = "running"
         self._attach_modules()
         if settings.nsys:
-            # For `nsys --capture-range=cudaProfilerApi`: capture the window only.
-            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            # For `nsys --capture-range=cudaProfilerApi`: capture the window
+            # only. cudaProfilerStart acts on the current context, so it is
+            # called on the script's own device (agent.cuda_device), never
+            # on device 0 by default, where it would create a context on
+            # every rank of a script that does not call set_device.
+            cuda = torch.cuda.is_initialized()
+            edge: dict[str, Any] = {"edge": "start", "step": index, "cuda": cuda}
             if cuda:
-                torch.cuda.profiler.start()
-                self._cuda_capture = True
-            self.capture.append({"edge": "start", "step": index, "cuda": cuda})
+                try:
+                    device = self.agent.cuda_device()
+                    with torch.cuda.device(device):
+                        torch.cuda.profiler.start()
+                    self._cuda_capture = True
+                    self._capture_device = edge["device"] = device
+                except Exception as exc:
+                    self.agent.record_fault("window.nsys", exc)
+            self.capture.append(edge)
 
     def _attach_modules(self) -> None:
         ranges = self.agent.module_ranges
@@ -181,7 +209,11 @@ class ProfilerWindow:
             ranges.detach()
         if self.agent.settings.nsys:
             if self._cuda_capture:
-                self.torch.cuda.profiler.stop()
+                try:
+                    with self.torch.cuda.device(self._capture_device):
+                        self.torch.cuda.profiler.stop()
+                except Exception as exc:
+                    self.agent.record_fault("window.nsys", exc)
             last = self.last_index if last_step is None else last_step
             self.capture.append({"edge": "stop", "step": last,
                                  "cuda": self._cuda_capture})
@@ -266,7 +298,18 @@ class ProfilerWindow:
         summary["trace"] = os.path.relpath(path, agent.run_dir)
         summary["range"] = [self.recorded_from, self.end]
         summary["export_seconds"] = time.perf_counter() - t0
+        if self.under_nsys():
+            summary.update(nsys_tables(agent.rank))
         self.result = summary
+
+
+def nsys_tables(rank: int) -> dict[str, Any]:
+    """Where this rank's GPU tables are when it ran inside nsys: the window
+    recorded CPU activity only (see ProfilerWindow.activities), and the
+    kernels, memory copies and CUDA graph nodes of the same window are in
+    nsys's report, written where launch.build_command told nsys to
+    (run folder/nsys/rank<R>, relative to the run folder here)."""
+    return {"gpu_tables": "nsys", "nsys_report": f"nsys/rank{rank}.nsys-rep"}
 
 
 def _drop_cancelled(events: list[dict[str, Any]], cancelled: dict[int, int]) -> None:
