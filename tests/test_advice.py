@@ -280,9 +280,20 @@ def test_sync_stalls_quote_copies_per_step() -> None:
     assert advice.evidence == {"sync_calls": 6, "sync_per_step": 1.5, "window_steps": 4,
                                "gpu_calls": 300, "window": [10, 14], "rank": 0}
     assert advice.message.startswith(
-        "1.50 synchronous copies per step (6 in the detailed window [10, 14) of rank 0 "
+        "1.50 synchronisations per step (6 in the detailed window [10, 14) of rank 0 "
         "over its 4 steps)"
     )
+
+
+def test_sync_stalls_name_the_ops_that_synchronise() -> None:
+    summary = _window(6, 300)
+    summary["memory_manipulation"]["sync_by_op"] = {
+        "aten::_local_scalar_dense": 4, "aten::copy_": 1, "cudaDeviceSynchronize": 1,
+    }
+    [advice] = sync_stalls(AdviceInputs(window=(10, 14), window_summary=summary))
+    assert "made by aten::_local_scalar_dense (4), aten::copy_ (1), cudaDeviceSynchronize (1)" \
+        in advice.message
+    assert advice.evidence["sync_by_op"]["aten::_local_scalar_dense"] == 4
 
 
 def test_sync_stalls_need_gpu_activity_in_the_window() -> None:

@@ -2,7 +2,7 @@
 
 The rules are the ones Paddle's performance guide walks through: is the loop
 waiting on its data (I/O-bound), on the host (CPU-bound) or on the GPU
-(GPU-bound); does it stall on synchronous copies; does one rank hold the
+(GPU-bound); does it stall on synchronisations; does one rank hold the
 others back; are the step times even stable enough to compare.
 
 Each rule is a pure function of `AdviceInputs` (numbers the report already
@@ -23,7 +23,7 @@ Thresholds (module constants, so tests and readers see one value):
   two names. Others is what is left of the loop itself: Python between the
   calls, logging, metrics, conversions.
 * GPU-bound: a GPU the run used averaged over 90% utilisation.
-* Synchronisation stalls: any synchronous copy per step in a detailed window
+* Synchronisation stalls: any synchronisation per step in a detailed window
   that recorded GPU activity (on a CPU, reading a value stalls nothing).
 * Slow rank: a rank more than 10% above the median rank in the step or in one
   phase, and by at least 2% of the median step (a 50% difference in a phase
@@ -486,7 +486,9 @@ def _window_gpu_calls(summary: Mapping[str, Any]) -> int:
 
 
 def sync_stalls(inp: AdviceInputs) -> list[Advice]:
-    """Synchronous copies in the detailed window, when it saw GPU work."""
+    """Synchronisations (synchronising CUDA calls: `.item()`, `.cpu()`,
+    synchronize) in the detailed window, when it saw GPU work, and the ops
+    that made them."""
     summary = inp.window_summary
     if not isinstance(summary, Mapping):
         return []
@@ -513,8 +515,14 @@ def sync_stalls(inp: AdviceInputs) -> list[Advice]:
         evidence["rank"] = inp.window_rank
         where += f" of rank {inp.window_rank}"
     over = f" over its {steps} steps" if steps else ""
+    by_op = mm.get("sync_by_op")
+    made = ""
+    if isinstance(by_op, Mapping) and by_op:
+        evidence["sync_by_op"] = dict(by_op)
+        top = sorted(by_op.items(), key=lambda kv: -(_int(kv[1]) or 0))[:3]
+        made = "; made by " + ", ".join(f"{name} ({n})" for name, n in top)
     message = (
-        f"{per_step:.2f} synchronous copies per step ({calls} in {where}{over}): each "
+        f"{per_step:.2f} synchronisations per step ({calls} in {where}{over}{made}): each "
         "makes the CPU wait until the GPU has finished all the work queued before it."
     )
     actions = (
