@@ -369,6 +369,18 @@ def test_window_has_kernel_memcpy_memset_and_operator_gpu_time(
         assert row is not None, (op, sorted(operators))
         assert row["gpu_total"] is not None and row["gpu_total"] > 0, (op, row)
     assert "Memcpy HtoD" in copies and "Memset" in copies, sorted(copies)
+    # `perfrun analyze` on the trace the window exported gives the window's
+    # own tables: one computation.
+    trace = run.run_dir / summary["trace"]
+    out = subprocess.run(
+        [sys.executable, "-m", "perfrun", "analyze", str(trace), "--format", "json"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert out.returncode == 0, out.stderr
+    again = json.loads(out.stdout)["traces"][0]["summary"]
+    assert again["steps"] == summary["steps"]
+    assert again["kernel_total"] == pytest.approx(summary["kernel_total"])
+    assert again["gpus"] == pytest.approx(summary["gpus"])
 
 
 # -- 3. two ranks sharing the GPU -------------------------------------------------------
