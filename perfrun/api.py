@@ -112,12 +112,23 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
 
         target = [settings.script] if settings.script else ["-m", str(settings.module)]
         return subprocess.call([sys.executable, *target, *settings.script_args])
+    problem = _unwritable_outputs(settings)
+    if problem:
+        _say(f"error: {problem}")
+        return ExitCode.CONFIG
+    if settings.gated:
+        code = _check_baseline_first(settings)
+        if code is not None:
+            return code
     try:
         outcome = launch_run(settings, command_line)
     except LaunchError as exc:
         _say(f"error: {exc}")
         return int(exc.code)
     returncode = outcome.returncode
+    # perfrun's own failure after the script ran: never an exit status of 0
+    # (the script's own non-zero status still wins).
+    failed: Optional[int] = None
     if settings.save_baseline:
         try:
             from .baseline import save_baseline
@@ -127,29 +138,105 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
                 f"baseline saved to {settings.save_baseline} ({runs} run"
                 f"{'' if runs == 1 else 's'} of this environment)"
             )
-        except (ResultsError, OSError) as exc:
+        except ResultsError as exc:
             _say(f"error: could not save the baseline: {exc}")
+            failed = ExitCode.NO_MEASUREMENT
+        except OSError as exc:
+            _say(f"error: could not save the baseline: {_os_reason(settings.save_baseline, exc)}")
+            failed = ExitCode.CONFIG
     if settings.gated:
-        return _gated(settings, outcome)
+        gate_code = _gated(settings, outcome)
+        return gate_code if gate_code != ExitCode.OK or failed is None else failed
     try:
         render_run(
             outcome.run_dir, settings.format, settings.output, settings.warmup, view_of(settings)
         )
     except ResultsError as exc:
         _say(f"error: {exc}")
-    except BrokenPipeError:
-        raise
+        failed = failed or ExitCode.BAD_RESULTS
+    except OSError as exc:
+        _say(f"error: could not write the report: {_os_reason(settings.output, exc)}")
+        failed = failed or ExitCode.CONFIG
     except Exception as exc:  # a report bug must not hide the script's status
         _say(
             f"internal error while reporting ({type(exc).__name__}: {exc}); "
             f"results are kept in {outcome.run_dir}"
         )
+        failed = failed or ExitCode.INTERNAL
     _say(f"results saved in {outcome.run_dir}")
     if settings.distributed and returncode != 0:
         signum = _rank_signal(outcome.run_dir)
         if signum:
             returncode = -signum
+    if returncode == 0 and failed is not None:
+        return int(failed)
     return exit_like(returncode)
+
+
+def _check_baseline_first(settings: Settings) -> Optional[int]:
+    """Before the script runs: a missing or unreadable baseline, or one
+    recorded for another script, Python or world size (what is known
+    before running), is refused now rather than after the whole run."""
+    import platform
+
+    from . import baseline as baseline_mod
+
+    assert settings.baseline is not None
+    try:
+        base_run = baseline_mod.load(settings.baseline)
+    except ResultsError as exc:
+        _say(f"error: baseline: {exc}")
+        return ExitCode.NO_MEASUREMENT if "no such" in str(exc) else ExitCode.BAD_RESULTS
+    if settings.allow_env_mismatch:
+        return None
+    stored = baseline_mod.stored_fingerprint(settings.baseline, base_run)
+    known: dict[str, Any] = {
+        "script": settings.script or (f"-m {settings.module}" if settings.module else None),
+        "python": platform.python_version(),
+    }
+    if settings.nproc_per_node is not None and str(settings.nnodes or "1").isdigit():
+        known["world_size"] = settings.nproc_per_node * int(settings.nnodes or 1)
+    elif not settings.distributed:
+        known["world_size"] = 1
+    differ = baseline_mod.mismatches({k: stored.get(k) for k in known}, known)
+    if differ:
+        _say(
+            "error: the baseline was recorded in a different environment ("
+            + "; ".join(differ)
+            + "); compare like with like, or pass --allow-env-mismatch (checked before "
+            "running the script)"
+        )
+        return ExitCode.CONFIG
+    return None
+
+
+def _os_reason(path: Optional[str], exc: OSError) -> str:
+    return f"{path}: {exc.strerror or exc}" if path else str(exc.strerror or exc)
+
+
+def writable_file_problem(path: str, what: str) -> Optional[str]:
+    """Why `path` cannot be written as a file, or None: checked before the
+    script runs, so a run is not spent on a report or baseline that could
+    never be saved."""
+    if os.path.isdir(path):
+        return f"{what} {path} is a folder; give a file name"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{what} {path}: no such folder {folder}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{what} {path}: the folder {folder} is not writable"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{what} {path}: the file is not writable"
+    return None
+
+
+def _unwritable_outputs(settings: Settings) -> Optional[str]:
+    for path, what in ((settings.output, "--output"), (settings.save_baseline, "--save-baseline")):
+        if path:
+            problem = writable_file_problem(path, what)
+            if problem:
+                return problem
+    return None
 
 
 def _rank_signal(run_dir: str) -> int:
@@ -182,38 +269,56 @@ def _rank_signal(run_dir: str) -> int:
     return 0
 
 
-DEFAULT_THRESHOLD = 0.05
-
-
 def _gated(settings: Settings, outcome: Any) -> int:
     """`perfrun run --baseline`: the exit status is the gate's, never the
-    script's (a crashed script is a measurement failure)."""
+    script's (a crashed script is a measurement failure).
+
+    What goes where: with --format table or markdown, the run's report and
+    then the comparison, both on stdout (or the report in --output). With
+    --format json, one document for machines: the comparison on stdout, and
+    the run's JSON report in --output if given. With --format junit (a gate
+    only: JUnit has no run report), the JUnit comparison in --output, and
+    the run's table on stdout; without --output, only the JUnit document on
+    stdout."""
     fmt = settings.format
-    # One document for machines: with --format json or junit (and no
-    # --output for the run report) only the comparison is printed.
-    if fmt in ("table", "markdown") or (settings.output is not None and fmt == "json"):
+    output = settings.output
+    if fmt in ("table", "markdown") or (output is not None and fmt == "json"):
+        report_fmt, report_out = fmt, output
+    elif fmt == "junit" and output is not None:
+        report_fmt, report_out = "table", None
+    else:
+        report_fmt = report_out = None
+    failed: Optional[int] = None
+    if report_fmt is not None:
         try:
-            render_run(outcome.run_dir, fmt, settings.output, settings.warmup, view_of(settings))
+            render_run(outcome.run_dir, report_fmt, report_out, settings.warmup,
+                       view_of(settings))
         except ResultsError as exc:
             _say(f"error: {exc}")
+            failed = ExitCode.BAD_RESULTS
+        except OSError as exc:
+            _say(f"error: could not write the report: {_os_reason(report_out, exc)}")
+            failed = ExitCode.CONFIG
     _say(f"results saved in {outcome.run_dir}")
     if outcome.returncode != 0:
         _say(f"gate: the script exited with status {outcome.returncode}: no measurement to compare")
         return ExitCode.NO_MEASUREMENT
     threshold = settings.max_regression
     if threshold is None:
-        threshold = DEFAULT_THRESHOLD
+        # As `perfrun compare`: a gate needs a threshold.
+        _say("not gated: no --max-regression given (e.g. --max-regression 5%); comparison only")
     assert settings.baseline is not None
-    return compare(
+    code = compare(
         settings.baseline,
         outcome.run_dir,
         threshold=threshold,
         fail_on_inconclusive=settings.fail_on_inconclusive,
         allow_env_mismatch=settings.allow_env_mismatch,
         fmt=fmt if fmt in ("table", "markdown", "json", "junit") else "table",
-        output=None,
+        output=output if fmt == "junit" else None,
         warmup=settings.warmup,
     )
+    return code if code != ExitCode.OK or failed is None else failed
 
 
 def compare(
@@ -227,6 +332,11 @@ def compare(
     warmup: Optional[int] = None,
 ) -> int:
     """`perfrun compare`, and the gate of a gated run."""
+    if output is not None:
+        problem = writable_file_problem(output, "--output")
+        if problem:
+            _say(f"error: {problem}")
+            return ExitCode.CONFIG
     from . import baseline as baseline_mod
     from .compare import compare_runs
     from .gate import Verdict
@@ -276,6 +386,11 @@ def compare(
     verdict = comparison.gate.verdict
     if verdict == Verdict.FAIL:
         return ExitCode.REGRESSION
+    if verdict == Verdict.INCONCLUSIVE and comparison.gate.ratio is None:
+        # Not noise: nothing to decide on (too few steady steps). A gate
+        # that can never decide must not pass forever.
+        _say(f"error: gate: {comparison.gate.reason}")
+        return ExitCode.NO_MEASUREMENT
     if verdict == Verdict.INCONCLUSIVE:
         _say(f"warning: gate inconclusive: {comparison.gate.reason}")
         return ExitCode.INCONCLUSIVE if fail_on_inconclusive else ExitCode.OK
@@ -325,12 +440,20 @@ def report(
 ) -> int:
     """`perfrun report`: re-print a finished run's tables from its files.
     Exit 66 when the files cannot be read, 67 when they hold no measurement."""
+    if output is not None:
+        problem = writable_file_problem(output, "--output")
+        if problem:
+            _say(f"error: {problem}")
+            return ExitCode.CONFIG
     run_dir = resolve_run_dir(path)
     try:
         report = render_run(run_dir, fmt, output, warmup, view)
     except ResultsError as exc:
         _say(f"error: {exc}")
         return ExitCode.BAD_RESULTS
+    except OSError as exc:
+        _say(f"error: could not write the report: {_os_reason(output, exc)}")
+        return ExitCode.CONFIG
     if getattr(report, "problem", None):
         return ExitCode.NO_MEASUREMENT
     return ExitCode.OK
@@ -351,6 +474,11 @@ def analyze(
     from .report.common import LinesBlock, TitleBlock
     from .report.window_blocks import window_blocks
 
+    if output is not None:
+        problem = writable_file_problem(output, "--output")
+        if problem:
+            _say(f"error: {problem}")
+            return ExitCode.CONFIG
     loaded = []
     for path in paths:
         try:

@@ -3,11 +3,12 @@
 `main(argv) -> int` is testable in-process; `console_main()` is the console
 entry point (it also survives `perfrun ... | head` closing the pipe).
 
-perfrun reads its own options before the script *and* right after it, so
-`perfrun --scheduler 100 110 train.py --lr 0.1` and
-`perfrun train.py --scheduler 100 110` both work. After the script only long
-options count (scripts often use `-c`, `-o` themselves); the first argument
-that is not one of them, or a `--`, starts the script's own arguments.
+perfrun's options go before the script. Right after it perfrun reads only
+the two its usage line shows there, `--scheduler START END` and
+`--timer-only` (so `perfrun train.py --scheduler 100 110` works), and says
+on stderr when it did; everything else after the script, `--help` and
+`--batch-size` included, is the script's, exactly as `python train.py ...`
+would get it. A `--` hands all that follows to the script.
 """
 
 from __future__ import annotations
@@ -32,8 +33,24 @@ from .settings import (
 )
 
 COMMANDS = ("run", "report", "compare", "analyze")
-# Long options that may not follow the script (they change how it is found).
-_BEFORE_SCRIPT_ONLY = {"--override", "--module"}
+#: `run --format`: the report formats, and JUnit for a gated run.
+RUN_FORMATS = (*FORMATS, "junit")
+#: Set to 1 to see the traceback of perfrun's own internal errors.
+DEBUG_VARIABLE = "PERFRUN_DEBUG"
+# The only options perfrun reads after the script (its usage line shows
+# them there); any other argument after the script is the script's.
+AFTER_SCRIPT = {"--scheduler": 2, "--timer-only": 0}
+# torchrun's own spellings of its options, accepted before the script as
+# torchrun accepts them.
+TORCHRUN_SPELLINGS = {
+    "--nproc_per_node": "--nproc-per-node",
+    "--node_rank": "--node-rank",
+    "--master_addr": "--master-addr",
+    "--master_port": "--master-port",
+    "--rdzv_backend": "--rdzv-backend",
+    "--rdzv_endpoint": "--rdzv-endpoint",
+    "--rdzv_id": "--rdzv-id",
+}
 
 
 class UsageError(Exception):
@@ -148,9 +165,10 @@ def _run_options(f: Any) -> Any:
         click.option(
             "--format",
             "fmt",
-            type=click.Choice(FORMATS),
+            type=click.Choice(RUN_FORMATS),
             default=None,
-            help="What is printed: table (default), json or markdown.",
+            help="What is printed: table (default), json or markdown; junit with a gate "
+            "(--baseline and --max-regression).",
         ),
         click.option(
             "--output",
@@ -269,6 +287,9 @@ def run_command(**kwargs: Any) -> int:
 
     settings = settings_from_options(kwargs)
     obj = click.get_current_context().obj or {}
+    # Said once the command line is known to be good, before the script runs.
+    for note in obj.get("notes") or ():
+        click.echo(f"perfrun: {note}", err=True)
     return api.run_and_report(settings, command_line=obj.get("command_line"))
 
 
@@ -284,7 +305,7 @@ def report_command(
     """Re-print the tables of a finished run (a run folder, or a log folder's latest run)."""
     from . import api
 
-    return api.report(log_dir, fmt=fmt, output=output, warmup=warmup, view=_view(view))
+    return api.report(log_dir, fmt=fmt, output=output, warmup=_warmup(warmup), view=_view(view))
 
 
 @cli.command("analyze")
@@ -332,20 +353,30 @@ def compare_command(
         allow_env_mismatch=allow_env_mismatch,
         fmt=fmt,
         output=output,
-        warmup=warmup,
+        warmup=_warmup(warmup),
     )
 
 
 def _view(opts: dict[str, Any]) -> dict[str, Any]:
+    """The view options of `report` and `analyze`, checked as `run` checks
+    them (Settings.validate)."""
+    limit = opts.get("row_limit")
     view = {
         "op_detail": bool(opts.get("op_detail")),
         "sort_by": opts.get("sort_by") or "cpu-total",
-        "row_limit": opts.get("row_limit") or 20,
+        "row_limit": 20 if limit is None else limit,
         "time_unit": opts.get("time_unit"),
     }
     if view["row_limit"] < 1:
         raise SettingsError(f"--row-limit must be at least 1, not {view['row_limit']}")
     return view
+
+
+def _warmup(value: Optional[int]) -> Optional[int]:
+    """--warmup of `report` and `compare`, checked as `run` checks it."""
+    if value is not None and value < 0:
+        raise SettingsError(f"--warmup cannot be negative ({value})")
+    return value
 
 
 def settings_from_options(opts: dict[str, Any]) -> Settings:
@@ -430,6 +461,15 @@ def _option_table() -> dict[str, int]:
     return table
 
 
+def did_you_mean(name: str, known: Any) -> str:
+    """" (did you mean --x?)" for the closest known option, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=1,
+                                      cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     """Split `run` arguments into (options before, options after the script,
     [script-or-module, script args...]). Raises UsageError with a one-line
@@ -445,7 +485,10 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
             i += 1
             dashes = True
             break
-        name, eq, _ = arg.partition("=")
+        name, eq, value = arg.partition("=")
+        if name in TORCHRUN_SPELLINGS:
+            name = TORCHRUN_SPELLINGS[name]
+            arg = f"{name}={value}" if eq else name
         if arg.startswith("-") and name in table:
             takes = 0 if eq else table[name]
             if name in ("-m", "--module"):
@@ -454,11 +497,11 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
                 before.append(arg if eq else f"--module={argv[i + 1]}")
                 i += 1 if eq else 2
                 break
-            before.extend(argv[i : i + 1 + takes])
+            before.extend([arg, *argv[i + 1 : i + 1 + takes]])
             i += 1 + takes
             continue
         if arg.startswith("-") and arg != "-":
-            raise UsageError(f"no such option: {arg} (perfrun options go before the script)")
+            raise UsageError(f"no such option: {arg}{did_you_mean(name, table)}")
         break
     module_given = any(a.startswith("--module=") for a in before)
     if not module_given:
@@ -473,13 +516,42 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
             i += 1
             break
         name, eq, _ = arg.partition("=")
-        if name.startswith("--") and name in table and name not in _BEFORE_SCRIPT_ONLY:
-            takes = 0 if eq else table[name]
+        if name in AFTER_SCRIPT:
+            takes = 0 if eq else AFTER_SCRIPT[name]
             after.extend(argv[i : i + 1 + takes])
             i += 1 + takes
             continue
         break
     return before, after, target + argv[i:]
+
+
+def after_script_notes(after: list[str], target: list[str]) -> list[str]:
+    """What to tell the user about the script's side of the command line:
+    options perfrun took from after the script (with the `--` form that
+    would give them to the script), and arguments passed to the script that
+    look like a misspelt perfrun option."""
+    notes = []
+    if after and target:
+        script, rest = target[0], " ".join(target[1:])
+        shown = " ".join(after)
+        notes.append(
+            f"read {shown} after {script} as perfrun's; if it is the script's own, put it "
+            f"after --: perfrun {script} -- {shown}{' ' + rest if rest else ''}"
+        )
+    for arg in target[1:]:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0]
+        if name.startswith("--") and name not in AFTER_SCRIPT:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(AFTER_SCRIPT), n=1, cutoff=0.75)
+            if close:
+                notes.append(
+                    f"passed {name} to the script as its own argument; perfrun's option is "
+                    f"{close[0]}"
+                )
+    return notes
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -506,7 +578,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 raise UsageError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...]")
             args = ["run", *before, *after, "--", *target]
             try:
-                return _invoke(args, command_line)
+                return _invoke(args, command_line, after_script_notes(after, target))
             except click.BadParameter as exc:
                 raise _collision_hint(exc, after, target) from None
             except click.UsageError as exc:
@@ -525,6 +597,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         return int(exc.exit_code)
     except click.Abort:
         return 130
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:
+        # perfrun's own bug: one line and the documented code; the
+        # traceback on request.
+        if os.environ.get(DEBUG_VARIABLE):
+            raise
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        click.echo(
+            f"perfrun: internal error: {message} (set {DEBUG_VARIABLE}=1 to see the "
+            "traceback, and please report it)",
+            err=True,
+        )
+        return ExitCode.INTERNAL
 
 
 def _leading_options(argv: list[str]) -> list[str]:
@@ -554,10 +640,9 @@ def _collision_hint(exc: click.UsageError, after: list[str], target: list[str]) 
     return UsageError(message)
 
 
-def _invoke(args: list[str], command_line: list[str]) -> int:
-    result = cli.main(
-        args=args, prog_name="perfrun", standalone_mode=False, obj={"command_line": command_line}
-    )
+def _invoke(args: list[str], command_line: list[str], notes: Optional[list[str]] = None) -> int:
+    obj = {"command_line": command_line, "notes": list(notes or ())}
+    result = cli.main(args=args, prog_name="perfrun", standalone_mode=False, obj=obj)
     return int(result) if isinstance(result, int) else 0
 
 

@@ -4,6 +4,7 @@ RunResults (a results folder or a baseline file, read by baseline.load)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -138,9 +139,24 @@ def compare_runs(
         which = "baseline" if b.problem else "current run"
         comparison.problem = f"the {which} has no measurement: {b.problem or c.problem}"
         return comparison
-    if threshold is not None:
-        others = [_gate_series(build_report(h, warmup=warmup), h) for h in base_history]
-        comparison.gate = gate(
-            _gate_series(b, base), _gate_series(c, current), threshold, other_runs=others
+    others = [_gate_series(build_report(h, warmup=warmup), h) for h in base_history]
+    others = [o for o in others if o]
+    base_series, current_series = _gate_series(b, base), _gate_series(c, current)
+    if others and base_series and current_series:
+        # The gate's baseline is the median of every stored run's median:
+        # the table shows that figure too, so its change and the verdict's
+        # agree (the rows above are the latest baseline run's).
+        medians = [statistics.median(r) for r in [base_series, *others]]
+        rows.insert(
+            3 if len(rows) >= 3 else len(rows),
+            Row(
+                f"step median, {len(medians)} baseline runs (gated)",
+                statistics.median(medians),
+                statistics.median(current_series),
+                "s",
+                "perf",
+            ),
         )
+    if threshold is not None:
+        comparison.gate = gate(base_series, current_series, threshold, other_runs=others)
     return comparison

@@ -37,10 +37,32 @@ from perfrun.settings import (
             ["train.py", "--scheduler", "100", "110"],
             ([], ["--scheduler", "100", "110"], ["train.py"]),
         ),
-        # perfrun's long options right after the script, then the script's own.
+        # After the script perfrun reads only --scheduler and --timer-only;
+        # the first other argument starts the script's own.
         (
             ["train.py", "--timer-only", "--warmup", "2", "--lr", "0.1", "--timer-only"],
-            ([], ["--timer-only", "--warmup", "2"], ["train.py", "--lr", "0.1", "--timer-only"]),
+            ([], ["--timer-only"], ["train.py", "--warmup", "2", "--lr", "0.1", "--timer-only"]),
+        ),
+        # Options training scripts commonly take are the script's, even where
+        # perfrun has an option of that name.
+        (
+            ["train.py", "--batch-size", "64", "--lr", "0.1"],
+            ([], [], ["train.py", "--batch-size", "64", "--lr", "0.1"]),
+        ),
+        (["argp.py", "--output", "foo"], ([], [], ["argp.py", "--output", "foo"])),
+        (["train.py", "--help"], ([], [], ["train.py", "--help"])),
+        (
+            ["train.py", "--config", "c.yaml", "--log-dir", "d", "--format", "x"],
+            ([], [], ["train.py", "--config", "c.yaml", "--log-dir", "d", "--format", "x"]),
+        ),
+        (
+            ["train.py", "--scheduler", "3", "5", "--output", "foo"],
+            ([], ["--scheduler", "3", "5"], ["train.py", "--output", "foo"]),
+        ),
+        # torchrun's own spellings, before the script.
+        (
+            ["--nproc_per_node", "2", "--master_port=29999", "train.py"],
+            (["--nproc-per-node", "2", "--master-port=29999"], [], ["train.py"]),
         ),
         # `--` hands everything after it to the script, even perfrun's names.
         (
@@ -64,7 +86,7 @@ from perfrun.settings import (
             (["-o", "Profiler.scheduler=[1,3]"], [], ["train.py"]),
         ),
         (["--log-dir=/tmp/x", "train.py"], (["--log-dir=/tmp/x"], [], ["train.py"])),
-        (["train.py", "--warmup=3", "a"], ([], ["--warmup=3"], ["train.py", "a"])),
+        (["train.py", "--warmup=3", "a"], ([], [], ["train.py", "--warmup=3", "a"])),
         (["-h"], (["-h"], [], [])),
         # -m: the module name ends perfrun's options; what follows is its argv.
         (["-m", "pkg.train", "--lr", "1"], (["--module=pkg.train"], [], ["--lr", "1"])),
@@ -89,7 +111,9 @@ def test_split_run_argv(argv: list[str], expected: tuple) -> None:
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--no-such-option", "train.py"], "no such option: --no-such-option"),
+        (["--no-such-option", "train.py"], "no such option: --no-such-option$"),
+        (["--timer-onyl", "x.py"], r"no such option: --timer-onyl \(did you mean --timer-only\?\)"),
+        (["--nproc-per-nod", "2", "t.py"], r"did you mean --nproc-per-node\?"),
         (["-x", "train.py"], "no such option: -x"),
         (["-m"], "-m needs a module name"),
         (["--timer-only", "--module"], "-m needs a module name"),
@@ -98,6 +122,20 @@ def test_split_run_argv(argv: list[str], expected: tuple) -> None:
 def test_split_run_argv_errors(argv: list[str], fragment: str) -> None:
     with pytest.raises(UsageError, match=fragment):
         split_run_argv(argv)
+
+
+def test_notes_on_the_scripts_side_of_the_command_line() -> None:
+    before, after, target = split_run_argv(["train.py", "--scheduler", "1", "2", "--lr", "3"])
+    assert cli.after_script_notes(after, target) == [
+        "read --scheduler 1 2 after train.py as perfrun's; if it is the script's own, put it "
+        "after --: perfrun train.py -- --scheduler 1 2 --lr 3"
+    ]
+    _, after, target = split_run_argv(["train.py", "--timer-onyl"])
+    assert cli.after_script_notes(after, target) == [
+        "passed --timer-onyl to the script as its own argument; perfrun's option is --timer-only"
+    ]
+    _, after, target = split_run_argv(["train.py", "--batch-size", "3"])
+    assert cli.after_script_notes(after, target) == []
 
 
 def test_every_run_option_is_known_to_the_splitter() -> None:
@@ -135,7 +173,6 @@ def test_main_hint_for_script_option_read_as_perfrun_option(
 @pytest.mark.parametrize(
     "argv, named, fix",
     [
-        (["--warmup", "x", "--lr", "0.1"], "--warmup", "--warmup x --lr 0.1"),
         # --scheduler takes two values, so it swallowed the script's --lr too.
         (["--scheduler", "cosine", "--lr", "0.1"], "--scheduler", "--scheduler cosine --lr 0.1"),
     ],
@@ -169,6 +206,65 @@ def test_main_errors(
     assert err.count("\n") == 1, err
     assert err.startswith("perfrun: error: ")
     assert fragment in err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["report", "--warmup", "-1", "nowhere"], "--warmup cannot be negative (-1)"),
+        (["report", "--row-limit", "0", "nowhere"], "--row-limit must be at least 1, not 0"),
+        (["compare", "a", "b", "--warmup", "-2"], "--warmup cannot be negative (-2)"),
+        (["analyze", "t.json", "--row-limit", "0"], "--row-limit must be at least 1, not 0"),
+    ],
+)
+def test_report_and_compare_check_as_run_checks(
+    capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+) -> None:
+    assert cli.main(argv) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_script_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("open('ran.marker', 'w').close()\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [
+        (["--output", str(tmp_path), str(script)], "is a folder; give a file name"),
+        (["--output", str(tmp_path / "no" / "r.txt"), str(script)], "no such folder"),
+        (["--save-baseline", str(a_file / "b.json"), str(script)], "no such folder"),
+        (["report", str(tmp_path), "--output", str(tmp_path)], "is a folder"),
+        (["compare", "a", "b", "--output", str(tmp_path)], "is a folder"),
+    ]
+    for argv, fragment in cases:
+        assert cli.main(argv) == ExitCode.CONFIG, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and fragment in err, (argv, err)
+    assert not (tmp_path / "ran.marker").exists()
+
+
+def test_an_internal_error_is_one_line_and_exit_70(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perfrun import api
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise KeyError("a perfrun bug")
+
+    monkeypatch.setattr(api, "report", broken)
+    monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
+    assert cli.main(["report", "somewhere"]) == ExitCode.INTERNAL == 70
+    err = capsys.readouterr().err
+    assert err == (
+        "perfrun: internal error: KeyError: 'a perfrun bug' (set PERFRUN_DEBUG=1 to see the "
+        "traceback, and please report it)\n"
+    )
+    monkeypatch.setenv(cli.DEBUG_VARIABLE, "1")
+    with pytest.raises(KeyError):
+        cli.main(["report", "somewhere"])
 
 
 # -- settings from options ---------------------------------------------------------------

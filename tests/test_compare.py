@@ -320,19 +320,16 @@ def test_a_gated_run_fails_on_a_regression(pair: Runs) -> None:
     assert "FAIL: median step time +" in done.out, done.describe()
 
 
-def test_too_few_steps_is_inconclusive(pair: Runs, short: Runs) -> None:
+def test_too_few_steps_is_no_measurement(pair: Runs, short: Runs) -> None:
+    # A gate that cannot decide for lack of steps must not pass forever:
+    # exit 67, one line saying how many steps are needed.
     done = compare(pair, "base.json", "short-log", "--max-regression", "5%")
-    assert done.returncode == ExitCode.OK, done.describe()
+    assert done.returncode == ExitCode.NO_MEASUREMENT, done.describe()
     assert "INCONCLUSIVE: too few steady steps" in done.out, done.describe()
-    [warning] = done.err_lines()
-    assert warning.startswith("perfrun: warning: gate inconclusive: too few steady steps")
+    [error] = done.err_lines()
+    assert error.startswith("perfrun: error: gate: too few steady steps")
     # 8 steps, the first left out as warm-up; the message says how many are needed.
-    assert "the current run has 7; at least 20 are needed" in warning, warning
-
-    done = compare(
-        pair, "base.json", "short-log", "--max-regression", "5%", "--fail-on-inconclusive"
-    )
-    assert done.returncode == ExitCode.INCONCLUSIVE, done.describe()
+    assert "the current run has 7; at least 20 are needed" in error, error
 
 
 # -- environments ----------------------------------------------------------------
@@ -569,6 +566,54 @@ def test_a_missing_baseline_is_one_line_and_no_measurement(pair: Runs) -> None:
     [line] = done.err.splitlines()
     assert line.startswith("perfrun: error: current run: no such")
     assert "missing-log" in line
+
+
+# -- a gated run: checked before the script runs, and what it prints ------------------
+
+MARKER_SCRIPT = """
+import pathlib, sys
+pathlib.Path("ran.marker").write_text("ran")
+"""
+
+
+def test_a_baseline_that_cannot_match_is_refused_before_the_script_runs(pair: Runs) -> None:
+    (pair.work / "other.py").write_text(MARKER_SCRIPT, encoding="utf-8")
+    marker = pair.work / "ran.marker"
+    marker.unlink(missing_ok=True)
+    # Recorded for gate_train.py: another script is refused at once (64).
+    done = perfrun(pair.work, "--baseline", "base.json", "--max-regression", "5%", "other.py")
+    assert done.returncode == ExitCode.CONFIG, done.describe()
+    [line] = done.err_lines()
+    assert "script: baseline 'gate_train.py', current 'other.py'" in line, line
+    assert "before running the script" in line
+    assert not marker.exists()
+    # A missing baseline: no measurement to compare with (67), before running.
+    done = perfrun(pair.work, "--baseline", "nope.json", "--max-regression", "5%", "other.py")
+    assert done.returncode == ExitCode.NO_MEASUREMENT, done.describe()
+    assert done.err_lines()[0].startswith("perfrun: error: baseline: no such")
+    assert not marker.exists()
+
+
+def test_a_gated_run_without_a_threshold_compares_like_compare(pair: Runs) -> None:
+    done = perfrun(pair.work, "run", *train("ungated-log", options=("--baseline", "base.json")))
+    assert done.returncode == ExitCode.OK, done.describe()
+    assert "perfrun: not gated: no --max-regression given" in done.err, done.describe()
+    assert "no gate (give --max-regression to decide)" in done.out, done.describe()
+
+
+def test_a_baseline_of_several_runs_shows_what_the_gate_compares(pair: Runs) -> None:
+    """The table's gated row and the verdict quote the same change: the
+    median of the stored runs' medians against the current run's."""
+    from perfrun.baseline import save_baseline
+    from perfrun.results import resolve_run_dir
+
+    two = pair.work / "two.json"
+    shutil.copy(pair.work / "base.json", two)
+    assert save_baseline(resolve_run_dir(str(pair.work / "again-log")), str(two)) == 2
+    done, doc = compare_json(pair, "two.json", "base-log", "--max-regression", "100%")
+    assert done.returncode == ExitCode.OK, done.describe()
+    gated = row(doc, "step median, 2 baseline runs (gated)")
+    assert gated["change"] == pytest.approx(doc["gate"]["ratio"] - 1.0)
 
 
 # -- which steps the gate sees (pure) ----------------------------------------------
