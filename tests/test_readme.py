@@ -1,0 +1,143 @@
+"""Every perfrun command the README shows, run as written.
+
+The commands are read from the README itself (its code blocks, and the CI
+job's folded `run:` command), so a README that drifts from what perfrun
+accepts fails here. They run in a temporary folder where `train.py` is the
+bundled example (scripts/example_train.py: 192 steps on CPU) and
+`rank0.pt.trace.json.gz` is a real GPU trace from tests/data/traces, in the
+README's order, so `perfrun report perfrun_log` and the gate find what the
+commands before them left.
+
+Two commands cannot run as written here, and are held to what the README
+says happens instead: `--nsys` needs Nsight Systems, absent on these
+machines (perfrun refuses it before the script runs: exit 64, one line);
+`pip install ...` changes the environment and is checked by CI itself (the
+test command) and by hand from a fresh clone (the quick start).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import E2E_TIMEOUT, e2e_environment
+
+from perfrun.exitcodes import ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+TRACE = ROOT / "tests" / "data" / "traces" / "nccl_two_ranks" / "rank0.json.gz"
+
+
+def readme_commands() -> list[str]:
+    """The README's perfrun commands: each code-block line that starts with
+    `perfrun ` (comments dropped; usage lines with [OPTIONS] left out), and
+    the CI job's folded command."""
+    text = README.read_text(encoding="utf-8")
+    out = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        lines = block.splitlines()
+        skip = 0
+        for i, line in enumerate(lines):
+            stripped = line.strip()
+            if skip:
+                skip -= 1
+            elif stripped.startswith("- run: >"):
+                # A YAML folded scalar: the indented lines after it, joined.
+                folded = []
+                for nxt in lines[i + 1 :]:
+                    if not nxt.startswith(" " * (len(line) - len(line.lstrip()) + 2)):
+                        break
+                    folded.append(nxt.strip())
+                out.append(" ".join(folded))
+                skip = len(folded)
+            elif stripped.startswith("perfrun ") and "[" not in stripped.split("#")[0]:
+                out.append(stripped.split("  #")[0].strip())
+    return out
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_the_commands_this_test_knows() -> None:
+    # A command added to the README is added here, and run.
+    assert COMMANDS == [
+        "perfrun train.py --scheduler 100 110",
+        "perfrun --timer-only train.py",
+        "perfrun --nproc-per-node 8 train.py",
+        "perfrun --nsys train.py",
+        "perfrun report perfrun_log",
+        "perfrun analyze rank0.pt.trace.json.gz",
+        "perfrun --timer-only --save-baseline baseline.json train.py",
+        "perfrun --timer-only --baseline baseline.json --max-regression 5% train.py",
+        "perfrun compare baseline.json perfrun_log/latest --max-regression 5%",
+        "perfrun --timer-only --stop-after 300 --baseline baseline.json "
+        "--max-regression 5% --format junit --output perf-gate.xml train.py",
+    ]
+
+
+def run(work: Path, command: str) -> subprocess.CompletedProcess[str]:
+    argv = shlex.split(command)
+    assert argv[0] == "perfrun"
+    return subprocess.run(
+        [sys.executable, "-m", "perfrun", *argv[1:]],
+        cwd=work,
+        env=e2e_environment(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=E2E_TIMEOUT * 2,
+    )
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("readme")
+    shutil.copy(ROOT / "scripts" / "example_train.py", work / "train.py")
+    shutil.copy(TRACE, work / "rank0.pt.trace.json.gz")
+    return work
+
+
+def described(done: subprocess.CompletedProcess[str]) -> str:
+    return f"{done.args} -> {done.returncode}\n--- stdout ---\n{done.stdout}\n--- stderr ---\n" \
+        f"{done.stderr}"
+
+
+# Gates at 5% between two runs of one script on a shared machine may
+# rightly say FAIL (68) or, with noise, pass: either is the command working.
+GATE_CODES = (ExitCode.OK, ExitCode.REGRESSION)
+
+
+def test_every_readme_command_runs_as_written(work: Path) -> None:
+    expect = {
+        "perfrun --nsys train.py": (ExitCode.CONFIG,),
+        "perfrun --timer-only --baseline baseline.json --max-regression 5% train.py": GATE_CODES,
+        "perfrun compare baseline.json perfrun_log/latest --max-regression 5%": GATE_CODES,
+    }
+    ci_command = COMMANDS[-1]
+    expect[ci_command] = GATE_CODES
+    for command in COMMANDS:
+        done = run(work, command)
+        assert done.returncode in expect.get(command, (ExitCode.OK,)), described(done)
+        assert "Traceback" not in done.stderr, described(done)
+        if command == "perfrun --nsys train.py":
+            [line] = done.stderr.splitlines()
+            assert "nsys" in line and line.startswith("perfrun: error: "), line
+        elif command.startswith("perfrun analyze"):
+            assert "606.519" in done.stdout, described(done)
+        elif command.startswith("perfrun report"):
+            assert "Perf Summary" in done.stdout, described(done)
+        elif command == ci_command:
+            xml = (work / "perf-gate.xml").read_text(encoding="utf-8")
+            assert xml.startswith("<?xml") and "<testsuite" in xml, xml
+            assert "Perf Summary" in done.stdout, described(done)
+        elif "--nproc-per-node 8" in command:
+            assert "8 ranks" in done.stdout or "rank 7" in done.stdout, described(done)
+        else:
+            assert "Perf Summary" in done.stdout or "Verdict" in done.stdout, described(done)
+    assert (work / "baseline.json").exists()
