@@ -48,7 +48,7 @@ def render_run(
     from .analysis.summary import build_report
     from .report import render
 
-    report = build_report(run, warmup=warmup)
+    report = build_report(run, warmup=warmup, alive=live_ranks(run))
     report.view = dict(view or {})
     with _destination(output) as stream:
         if fmt == "json":
@@ -72,6 +72,35 @@ def render_run(
     if output is not None:
         _say(f"report written to {output}")
     return report
+
+
+def live_ranks(run: Any) -> set[int]:
+    """Ranks of a run still in progress: a `running` rank whose process is
+    alive on this machine (a report taken during the run). A rank on
+    another host cannot be asked, and is not counted."""
+    import socket
+
+    if run.meta.get("returncode") is not None:
+        return set()  # the launcher saw the run end
+    here = socket.gethostname()
+    out = set()
+    for rank in run.ranks:
+        env = rank.data.get("env") or {}
+        pid = env.get("pid")
+        if rank.status != "running" or env.get("hostname") != here or not isinstance(pid, int):
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass  # another user's process: alive
+        except OSError:
+            continue
+        out.add(rank.rank)
+    return out
 
 
 def _never_imported_torch(run: Any) -> bool:

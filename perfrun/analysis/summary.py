@@ -368,8 +368,14 @@ def _steps_phrase(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def rank_problem(rank: RankResult, exit_status: Optional[int] = None) -> Optional[str]:
+def rank_problem(
+    rank: RankResult, exit_status: Optional[int] = None, alive: Optional[bool] = None
+) -> Optional[str]:
     """What went wrong with this rank, in a few words, or None.
+
+    `alive`: whether the rank's process is still running (known where it
+    runs on this machine; None where it cannot be known). A `running` file
+    of a live process is a run in progress, not a death.
 
     `running` in a file read after the run means the rank never wrote its
     final record: it died (SIGKILL, OOM killer, a hard crash) and what is left
@@ -385,6 +391,8 @@ def rank_problem(rank: RankResult, exit_status: Optional[int] = None) -> Optiona
     status = rank.status
     exit_info = rank.data.get("exit") or {}
     if status == "running":
+        if alive:
+            return f"still running ({_steps_phrase(n)} so far; this report is of its last save)"
         when = f"after {_steps_phrase(n)}" if n else "before its first step"
         if exit_status is not None and exit_status >= 0:
             return (
@@ -485,10 +493,12 @@ def multi_rank_summary(
     warmup: int,
     missing: Iterable[int] = (),
     exclude_window: bool = True,
+    alive: Iterable[int] = (),
 ) -> MultiRankSummary:
     """Compare ranks: in data-parallel training every step waits for the
     slowest rank, so one slow rank (a throttled GPU, a busy host, a skewed
     shard) sets the pace of all of them."""
+    live = set(alive)
     rows: list[RankRow] = []
     for rank in ranks:
         steady = steady_rows(rank, warmup, exclude_window=exclude_window)
@@ -504,7 +514,7 @@ def multi_rank_summary(
                 step_avg=Stats.of(step_time(r) for r in steady).avg,
                 phase_avg=phase_avg,
                 others_avg=Stats.of(others_time(r) for r in steady).avg,
-                problem=rank_problem(rank),
+                problem=rank_problem(rank, alive=rank.rank in live),
             )
         )
     for r in missing:
@@ -939,8 +949,12 @@ def build_report(
     run: RunResults,
     warmup: Optional[int] = None,
     exclude_window: Optional[bool] = None,
+    alive: Iterable[int] = (),
 ) -> Report:
     """Summarise a merged run.
+
+    `alive`: the ranks whose processes are still running (a report of a run
+    in progress): their `running` status is no death.
 
     `warmup=None` takes the value the run was started with (its settings),
     else `default_warmup` of the reference rank's step count.
@@ -999,12 +1013,14 @@ def build_report(
     report.faults = _faults(ranks)
 
     if run.world_size > 1 or run.missing:
-        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window)
+        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, alive)
         report.problems = report.ranks.problems
     else:
         status = _launcher_exit_status(run)
         report.problems = [
-            f"rank {r.rank}: {p}" for r in ranks if (p := rank_problem(r, status))
+            f"rank {r.rank}: {p}"
+            for r in ranks
+            if (p := rank_problem(r, status, alive=r.rank in set(alive)))
         ]
     if report.problem is not None:
         # "recorded no steps" only repeats what `problem` already says.
