@@ -77,30 +77,19 @@ def render_run(
 def live_ranks(run: Any) -> set[int]:
     """Ranks of a run still in progress: a `running` rank whose process is
     alive on this machine (a report taken during the run). A rank on
-    another host cannot be asked, and is not counted."""
-    import socket
+    another host cannot be asked, and is not counted; a run whose launcher
+    recorded its end has none."""
+    from .results import rank_alive
 
     if run.meta.get("returncode") is not None:
-        return set()  # the launcher saw the run end
-    here = socket.gethostname()
-    out = set()
-    for rank in run.ranks:
-        env = rank.data.get("env") or {}
-        pid = env.get("pid")
-        if rank.status != "running" or env.get("hostname") != here or not isinstance(pid, int):
-            continue
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            pass  # another user's process: alive
-        except OSError:
-            continue
-        out.add(rank.rank)
-    return out
+        return set()
+    return {
+        rank.rank
+        for rank in run.ranks
+        if rank.status == "running"
+        and (rank.data.get("env") or {}).get("pid") != os.getpid()
+        and rank_alive(rank)
+    }
 
 
 def _never_imported_torch(run: Any) -> bool:

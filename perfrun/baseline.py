@@ -25,6 +25,7 @@ from .results import (
     resolve_run_dir,
     validate,
 )
+from .schema import BASELINE_FILE, SchemaError, check, shown
 
 FORMAT = "perfrun-baseline"
 VERSION = 1
@@ -68,7 +69,7 @@ def fingerprint(run: RunResults) -> dict[str, Any]:
     )
     return {
         "hostname": env.get("hostname"),
-        "gpus": sorted(g.get("name", "") for g in device.get("gpus") or []),
+        "gpus": sorted(g.get("name") or "" for g in device.get("gpus") or []),
         "driver": device.get("driver"),
         "cuda": cuda.get("version"),
         "torch": env.get("torch"),
@@ -89,7 +90,7 @@ def mismatches(base: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if key == "script" and a and b:
             a, b = os.path.basename(str(a)), os.path.basename(str(b))
         if a != b:
-            out.append(f"{key}: baseline {a!r}, current {b!r}")
+            out.append(f"{key}: baseline {shown(a)}, current {shown(b)}")
     return out
 
 
@@ -107,6 +108,7 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
     history: list[dict[str, Any]] = []
     previous = _read_doc(path)
     if previous is not None and not mismatches(previous.get("fingerprint") or {}, fp):
+        # An earlier file that cannot be read is replaced, not merged.
         earlier = {k: previous.get(k) for k in ("fingerprint", "meta", "ranks", "missing")}
         history = [earlier, *(previous.get("history") or [])][: max(0, keep - 1)]
     doc = {
@@ -125,12 +127,18 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
 
 
 def _read_doc(path: str) -> Optional[dict[str, Any]]:
+    """The baseline document in `path`, or None when there is none to use:
+    callers that merely consult a baseline (its history, its stored
+    fingerprint) fall back rather than fail; load() is the one that says why."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, json.JSONDecodeError):
+        doc = load_json(path)
+    except ResultsError:
         return None
     if isinstance(doc, dict) and doc.get("format") == FORMAT and doc.get("version") == VERSION:
+        try:
+            check(doc, BASELINE_FILE)
+        except SchemaError:
+            return None
         return doc
     return None
 
@@ -145,7 +153,10 @@ def load_history(path: str) -> list[RunResults]:
     out = []
     for i, entry in enumerate(doc.get("history") or []):
         try:
-            ranks = [validate(d, f"{path} (earlier run {i + 1})") for d in entry.get("ranks", [])]
+            ranks = [
+                validate(d, path, f"history[{i}].ranks[{j}]")
+                for j, d in enumerate(entry.get("ranks") or [])
+            ]
         except ResultsError:
             continue
         out.append(
@@ -170,12 +181,18 @@ def load(path: str) -> RunResults:
             return RunResults(run_dir=path, ranks=[rank])
         raise ResultsError(f"{path} is neither a perfrun baseline nor a results folder")
     version = doc.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
         raise ResultsError(
-            f"{path} has baseline format version {version}; this perfrun reads "
+            f"{path} has baseline format version {shown(version)}; this perfrun reads "
             f"up to version {VERSION}: upgrade perfrun"
         )
-    ranks = [validate(data, f"{path} (rank {i})") for i, data in enumerate(doc.get("ranks", []))]
+    if version < 1:
+        raise ResultsError(f"{path} has unknown baseline format version {version}")
+    try:
+        check(doc, BASELINE_FILE)
+    except SchemaError as exc:
+        raise ResultsError(f"cannot read {path}: {exc}") from None
+    ranks = [validate(data, path, f"ranks[{i}]") for i, data in enumerate(doc.get("ranks", []))]
     return RunResults(
         run_dir=path,
         ranks=ranks,

@@ -163,6 +163,9 @@ def _run_options(f: Any) -> Any:
         ),
         click.option("--no-nvtx", is_flag=True, help="Do not emit NVTX ranges."),
         click.option(
+            "-q", "--quiet", is_flag=True, help="No start notice (the run folder) on stderr."
+        ),
+        click.option(
             "--format",
             "fmt",
             type=click.Choice(RUN_FORMATS),
@@ -423,6 +426,7 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
     if opts.get("no_nvtx"):
         changes["nvtx"] = False
     for flag in (
+        "quiet",
         "with_stack",
         "with_flops",
         "stop_after_window",

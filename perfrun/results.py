@@ -16,15 +16,34 @@ import glob
 import json
 import os
 import re
+import socket
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Optional
 
-from .schema import COL, FORMAT, GPU_COLUMNS, PHASES, STEP_COLUMNS, VERSION, rank_filename
+from .schema import (
+    COL,
+    FORMAT,
+    GPU_COLUMNS,
+    PHASES,
+    RANK_FILE,
+    RUN_META,
+    STEP_COLUMNS,
+    VERSION,
+    SchemaError,
+    check,
+    rank_filename,
+    shown,
+    type_name,
+)
 
 __all__ = [
     "COL", "FORMAT", "GPU_COLUMNS", "PHASES", "STEP_COLUMNS", "VERSION", "rank_filename",
     "ResultsError", "RankResult", "RunResults", "atomic_write_text", "read_rank_file",
-    "read_run", "resolve_run_dir", "find_rank_files", "validate",
+    "read_run", "resolve_run_dir", "find_rank_files", "validate", "rank_alive",
 ]
 
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
@@ -88,14 +107,22 @@ class RankResult:
 
 def load_json(path: str, missing: str = "cannot read {path}: no such file") -> Any:
     """A JSON file's content, or a one-line ResultsError (results files and
-    baselines are read the same way)."""
+    baselines are read the same way). Every way a file can fail to be JSON
+    ends here, so no reader has to know them."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         raise ResultsError(missing.format(path=path)) from None
+    except IsADirectoryError:
+        raise ResultsError(f"cannot read {path}: it is a folder") from None
     except OSError as exc:
-        raise ResultsError(f"cannot read {path}: {exc.strerror}") from None
+        raise ResultsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ResultsError(
+            f"cannot read {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+            f"at offset {exc.start}); perfrun writes its results as UTF-8 JSON"
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -103,38 +130,82 @@ def load_json(path: str, missing: str = "cannot read {path}: no such file") -> A
             f"{path} is not valid JSON (truncated or corrupt at line {exc.lineno}, "
             f"column {exc.colno})"
         ) from None
+    except RecursionError:
+        raise ResultsError(f"cannot read {path}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise ResultsError(f"cannot read {path}: {shown(str(exc))}") from None
 
 
 def read_rank_file(path: str) -> RankResult:
     return validate(load_json(path), path)
 
 
-def validate(data: Any, path: str) -> RankResult:
+#: Step values are numbers or null (a phase not measured, no GPU timing).
+_ROW_VALUE_TYPES = frozenset((int, float, type(None)))
+#: Columns every step has: the step's span is computed from them.
+_REQUIRED_COLUMNS = ("start", "end")
+
+
+def validate(data: Any, path: str, where: str = "") -> RankResult:
+    """Check a rank document by type (schema.RANK_FILE) before anything reads
+    it, so a damaged file is one line naming the file and the field, never a
+    traceback from deep inside a report. `where` prefixes field paths of a
+    document held inside another file (`ranks[0]` of a baseline)."""
+    label = f"{path} ({where})" if where else path
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ResultsError(f"{path} is not a perfrun results file")
+        raise ResultsError(f"{label} is not a perfrun results file")
     version = data.get("version")
-    if not isinstance(version, int):
-        raise ResultsError(f"{path} has no format version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ResultsError(f"{label} has no format version")
     if version > VERSION:
         raise ResultsError(
-            f"{path} has results format version {version}; this perfrun reads up to "
+            f"{label} has results format version {version}; this perfrun reads up to "
             f"version {VERSION}: upgrade perfrun"
         )
     if version < 1:
-        raise ResultsError(f"{path} has unknown results format version {version}")
-    steps = data.get("steps") or {}
+        raise ResultsError(f"{label} has unknown results format version {version}")
+    try:
+        check(data, RANK_FILE, where)
+        rows = _checked_rows(data.get("steps") or {}, f"{where}.steps" if where else "steps")
+    except SchemaError as exc:
+        raise ResultsError(f"cannot read {path}: {exc}") from None
+    return RankResult(path=path, data=data, rows=rows)
+
+
+def _checked_rows(steps: dict[str, Any], where: str) -> list[list[Any]]:
+    """The step rows in STEP_COLUMNS order, checked in bulk: a long run has
+    100,000s of rows, so the common case costs a few passes at C speed and
+    only a damaged file pays for finding the exact field."""
     columns = steps.get("columns", list(STEP_COLUMNS))
     rows = steps.get("rows", [])
-    if not isinstance(rows, list) or not isinstance(columns, list):
-        raise ResultsError(f"{path}: malformed step records")
-    if list(columns) != list(STEP_COLUMNS):
+    width = len(columns)
+    if not all(type(row) is list and len(row) == width for row in rows):
+        i, row = next(
+            (i, r) for i, r in enumerate(rows) if type(r) is not list or len(r) != width
+        )
+        got = f"{len(row)} values" if type(row) is list else type_name(row)
+        raise SchemaError(f"{where}.rows[{i}]", f"a list of {width} values", got)
+    if not _ROW_VALUE_TYPES.issuperset(map(type, chain.from_iterable(rows))):
+        for i, row in enumerate(rows):
+            for j, value in enumerate(row):
+                if type(value) not in _ROW_VALUE_TYPES:
+                    raise SchemaError(
+                        f"{where}.rows[{i}][{j}] ({columns[j]})", "a number or null",
+                        type_name(value),
+                    )
+    if columns != list(STEP_COLUMNS):
         # Re-map by name, so a file with reordered or extra columns still reads.
+        missing = [c for c in _REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            raise SchemaError(f"{where}.columns", f"a list naming {missing[0]!r}", "none")
         index = {name: i for i, name in enumerate(columns)}
         rows = [[row[index[c]] if c in index else None for c in STEP_COLUMNS] for row in rows]
-    for row in rows:
-        if not isinstance(row, list) or len(row) != len(STEP_COLUMNS):
-            raise ResultsError(f"{path}: malformed step record {row!r:.60}")
-    return RankResult(path=path, data=data, rows=rows)
+    for name in _REQUIRED_COLUMNS:
+        j = COL[name]
+        if None in map(itemgetter(j), rows):
+            i = next(i for i, row in enumerate(rows) if row[j] is None)
+            raise SchemaError(f"{where}.rows[{i}] ({name})", "a number", "null")
+    return rows
 
 
 def find_rank_files(run_dir: str) -> list[str]:
@@ -168,14 +239,7 @@ def read_run(run_dir: str) -> RunResults:
     if not os.path.isdir(run_dir):
         raise ResultsError(f"no such results folder: {run_dir}")
     paths = find_rank_files(run_dir)
-    meta: dict[str, Any] = {}
-    meta_path = os.path.join(run_dir, "run.json")
-    if os.path.exists(meta_path):
-        try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            meta = {}
+    meta = read_run_meta(run_dir)
     if not paths and not meta:
         raise ResultsError(f"{run_dir} holds no perfrun results (no rank*.json)")
     by_rank: dict[int, RankResult] = {}
@@ -195,14 +259,110 @@ def read_run(run_dir: str) -> RunResults:
     return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing)
 
 
-def resolve_run_dir(path: str) -> str:
-    """Accept a run folder, a log folder (its `latest` run), or a `latest` link."""
-    if (
-        os.path.isdir(path)
-        and not find_rank_files(path)
-        and not os.path.exists(os.path.join(path, "run.json"))
-    ):
-        latest = os.path.join(path, "latest")
-        if os.path.exists(latest):
-            return os.path.realpath(latest)
-    return path
+def read_run_meta(run_dir: str) -> dict[str, Any]:
+    """run.json, the launcher's record of the run. It only adds to the rank
+    files, so one that cannot be parsed at all is left out; one that parses
+    but has fields of the wrong type is refused like any other results file,
+    since its values would be used."""
+    meta_path = os.path.join(run_dir, "run.json")
+    if not os.path.exists(meta_path):
+        return {}
+    try:
+        meta = load_json(meta_path)
+    except ResultsError:
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    try:
+        check(meta, RUN_META)
+    except SchemaError as exc:
+        raise ResultsError(f"cannot read {meta_path}: {exc}") from None
+    return meta
+
+
+def _say_note(message: str) -> None:
+    sys.stderr.write(f"perfrun: note: {message}\n")
+
+
+def _run_started(run_dir: str) -> float:
+    """When a run began: run.json's `started` (written before the script
+    starts, so a run still in progress has it), else the folder's mtime."""
+    try:
+        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+            started = json.load(f).get("started")
+        if isinstance(started, (int, float)) and not isinstance(started, bool):
+            return float(started)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass
+    try:
+        return os.stat(run_dir).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _is_run_dir(path: str) -> bool:
+    return os.path.isdir(path) and (
+        bool(find_rank_files(path)) or os.path.exists(os.path.join(path, "run.json"))
+    )
+
+
+def resolve_run_dir(path: str, note: Optional[Callable[[str], None]] = _say_note) -> str:
+    """Accept a run folder, a log folder (its newest run), or a `latest` link.
+
+    `latest` is where the launcher points each new run, but a link can go
+    stale: its run deleted, or the folder copied without it, or a run
+    started by a perfrun that could not make links. In a log folder the
+    newest existing run wins, and `note` (one line) says when that is not
+    what `latest` points to, so earlier runs are never hidden behind it."""
+    if not os.path.isdir(path) or _is_run_dir(path):
+        return path
+    latest = os.path.join(path, "latest")
+    target = os.path.realpath(latest) if os.path.lexists(latest) else None
+    try:
+        names = os.listdir(path)
+    except OSError:
+        names = []
+    runs = [
+        os.path.join(path, name) for name in names
+        if name != "latest" and _is_run_dir(os.path.join(path, name))
+    ]
+    if not runs:
+        return target if target is not None and os.path.isdir(target) else path
+    newest = max(runs, key=lambda d: (_run_started(d), os.path.basename(d)))
+    if target is not None and _is_run_dir(target):
+        if _run_started(target) >= _run_started(newest):
+            return target
+        why = f"{latest} points to an older run ({os.path.basename(target)})"
+    elif target is not None:
+        why = f"{latest} points to a missing run ({os.path.basename(target)})"
+    else:
+        why = f"{path} has no latest link"
+    if note is not None:
+        note(f"{why}; reporting the newest run, {newest}")
+    return newest
+
+
+def rank_alive(rank: RankResult) -> Optional[bool]:
+    """Whether the process that wrote `rank` is still running: True or False
+    when it ran on this host, None when that cannot be told (another host,
+    no pid recorded). A file whose status is "running" was written by a
+    live rank's periodic flush; only a dead process makes it a rank that
+    died. A pid can be reused after its process ends, so True is a strong
+    hint rather than proof: pair it with the file's age when it matters."""
+    env = rank.data.get("env")
+    if not isinstance(env, dict):
+        return None
+    pid, host = env.get("pid"), env.get("hostname")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not host:
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    except OSError:
+        return None
+    return True

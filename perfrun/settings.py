@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .schema import shown
+
 ENV_VAR = "PERFRUN_SETTINGS"
 
 SUMMARY_KEYS = ("overview", "device", "model", "dist", "kernel", "op", "mem", "memcpy")
@@ -94,6 +96,8 @@ class Settings:
     max_regression: float | None = None
     fail_on_inconclusive: bool = False
     allow_env_mismatch: bool = False
+    #: No start notice on stderr (-q).
+    quiet: bool = False
 
     @property
     def gated(self) -> bool:
@@ -141,25 +145,30 @@ class Settings:
             raise SettingsError(f"--batch-size must be at least 1, not {self.batch_size}")
         if self.step_on not in STEP_ON:
             raise SettingsError(
-                f"--step-on must be one of {', '.join(STEP_ON)}, not {self.step_on!r}"
+                f"--step-on must be one of {', '.join(STEP_ON)}, not {shown(self.step_on)}"
             )
-        if self.format not in FORMATS:
+        if self.format == "junit" and not self.gated:
             raise SettingsError(
-                f"--format must be one of {', '.join(FORMATS)}, not {self.format!r}"
+                "--format junit needs a gate (--baseline FILE --max-regression PCT): "
+                "JUnit reports the gate's verdict"
+            )
+        if self.format not in FORMATS and self.format != "junit":
+            raise SettingsError(
+                f"--format must be one of {', '.join(FORMATS)}, not {shown(self.format)}"
             )
         unknown = set(self.summary) - set(SUMMARY_KEYS)
         if unknown:
             raise SettingsError(
-                f"unknown Profiler.summary key(s) {', '.join(sorted(unknown))}; "
+                f"unknown Profiler.summary key(s) {_names(sorted(map(str, unknown)))}; "
                 f"valid: {', '.join(SUMMARY_KEYS)}"
             )
         if self.sort_by not in SORT_KEYS:
             raise SettingsError(
-                f"--sort-by must be one of {', '.join(SORT_KEYS)}, not {self.sort_by!r}"
+                f"--sort-by must be one of {', '.join(SORT_KEYS)}, not {shown(self.sort_by)}"
             )
         if self.time_unit is not None and self.time_unit not in TIME_UNITS:
             raise SettingsError(
-                f"--time-unit must be one of {', '.join(TIME_UNITS)}, not {self.time_unit!r}"
+                f"--time-unit must be one of {', '.join(TIME_UNITS)}, not {shown(self.time_unit)}"
             )
         if self.row_limit < 1:
             raise SettingsError(f"--row-limit must be at least 1, not {self.row_limit}")
@@ -173,7 +182,7 @@ class Settings:
             parts = [p.strip() for p in self.nsys_ranks.split(",") if p.strip()]
             if not parts or not all(p.isdigit() for p in parts):
                 raise SettingsError(
-                    f"--nsys-ranks takes rank numbers like 0,3 (not {self.nsys_ranks!r})"
+                    f"--nsys-ranks takes rank numbers like 0,3 (not {shown(self.nsys_ranks)})"
                 )
         if self.max_regression is not None and self.baseline is None:
             raise SettingsError("--max-regression needs --baseline FILE (what to compare with)")
@@ -202,39 +211,212 @@ class Settings:
 
 
 # -- YAML config ---------------------------------------------------------------
+#
+# The config is the user's file, and often a whole training config written for
+# another tool: every value is checked by type before use, and a message shows
+# the value as written, capped (schema.shown), never the whole of it.
+
+#: The most values the YAML document may expand to through its aliases. A
+#: training config has hundreds; an "alias bomb" (anchors of anchors, 9
+#: levels of 9) has hundreds of millions, loads in milliseconds because the
+#: loader shares the objects, and then exhausts memory in anything that walks
+#: it, an error message included.
+MAX_YAML_VALUES = 100_000
 
 
-def _as_bool(key: str, value: Any) -> bool:
+def _yaml_loader() -> type:
+    """SafeLoader that refuses documents whose aliases expand beyond
+    MAX_YAML_VALUES values, or refer to themselves, before constructing
+    them."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        def construct_document(self, node: Any) -> Any:
+            _check_expansion(node)
+            return super().construct_document(node)
+
+    return BoundedLoader
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _check_expansion(root: Any) -> None:
+    """Count the values `root` stands for once every alias is expanded. A
+    node met again through an alias counts its whole size again, so the
+    count is what a walk of the loaded value would visit; each node's size
+    is computed once, so the count itself is cheap."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+    # Iterative post-order walk: a deeply nested document must not hit
+    # Python's recursion limit here.
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            sizes[key] = 1
+            continue
+        if children_done:
+            in_progress.discard(key)
+            total = 1 + sum(sizes[id(c)] for c in children)
+            if total > MAX_YAML_VALUES:
+                raise _TooLarge(f"its aliases expand to more than {MAX_YAML_VALUES:,} values")
+            sizes[key] = total
+            continue
+        if key in in_progress:
+            raise _TooLarge("an alias refers to the value that contains it")
+        in_progress.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in in_progress:
+                raise _TooLarge("an alias refers to the value that contains it")
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def _load_yaml(text: str, origin: str) -> Any:
+    """Parse YAML text with the bounded loader; every failure is one line."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except _TooLarge as exc:
+        raise SettingsError(f"{origin}: refusing YAML: {exc}") from None
+    except RecursionError:
+        raise SettingsError(f"{origin}: YAML nested too deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [""])[0]
+        raise SettingsError(f"{origin}: malformed YAML{where}: {_capped(problem)}") from None
+
+
+def _capped(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _names(names: list[Any], limit: int = 8) -> str:
+    """Keys for a message: each capped, and only the first few of many."""
+    out = ", ".join(shown(n) if not isinstance(n, str) else _capped(n, 40) for n in names[:limit])
+    return out + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _as_written(value: Any) -> str:
+    """A YAML value for a message, spelt as YAML spells it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return shown(value)
+
+
+def _wrong(origin: str, key: str, expected: str, value: Any) -> SettingsError:
+    return SettingsError(f"{origin}: Profiler.{key}: expected {expected}, got {_as_written(value)}")
+
+
+def _as_bool(origin: str, key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
         return value.lower() in ("true", "yes", "on")
-    raise SettingsError(f"Profiler.{key} must be true or false, not {value!r}")
+    raise _wrong(origin, key, "true or false", value)
 
 
-def _as_int(key: str, value: Any, *, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise SettingsError(f"Profiler.{key} must be an integer, not {value!r}")
-    try:
-        return int(value)
-    except ValueError:
-        raise SettingsError(f"Profiler.{key} must be an integer, not {value!r}") from None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:  # not a number, or past Python's digit limit
+            return None
+    return None
 
 
-def _as_window(key: str, value: Any) -> tuple[int, int] | None:
+def _as_int(origin: str, key: str, value: Any) -> int | None:
     if value is None:
         return None
+    number = _int_or_none(value)
+    if number is None:
+        raise _wrong(origin, key, "an integer", value)
+    return number
+
+
+def _as_window(origin: str, key: str, value: Any) -> tuple[int, int] | None:
+    """`[3, 14]`, or the same as a string (`'[3, 14]'`, `3 14`)."""
+    if value is None:
+        return None
+    parts = value
     if isinstance(value, str):
         text = value.strip().strip("[]()")
-        value = [part for part in text.replace(",", " ").split() if part]
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise SettingsError(f"Profiler.{key} must be [START, END], not {value!r}")
-    start = _as_int(key, value[0], allow_none=False)
-    end = _as_int(key, value[1], allow_none=False)
-    assert start is not None and end is not None
-    return (start, end)
+        parts = [part for part in text.replace(",", " ").split() if part]
+    if isinstance(parts, (list, tuple)) and len(parts) == 2:
+        start, end = _int_or_none(parts[0]), _int_or_none(parts[1])
+        if start is not None and end is not None:
+            return (start, end)
+    raise _wrong(origin, key, "two integers [START, END]", value)
+
+
+def _as_path(origin: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _wrong(origin, key, "a path", value)
+    return value
+
+
+def _as_word(origin: str, key: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise _wrong(origin, key, "a string", value)
+    return value
+
+
+def _as_summary(origin: str, key: str, value: Any) -> dict[str, bool] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _wrong(origin, key, f"a mapping of {', '.join(SUMMARY_KEYS)} to true or false",
+                     value)
+    bad = [k for k in value if k not in SUMMARY_KEYS]
+    if bad:
+        raise SettingsError(
+            f"{origin}: unknown Profiler.summary key(s) {_names(bad)}; "
+            f"valid keys: {', '.join(SUMMARY_KEYS)}"
+        )
+    summary = dict.fromkeys(SUMMARY_KEYS, True)
+    summary.update({k: _as_bool(origin, f"summary.{k}", v) for k, v in value.items()})
+    return summary
+
+
+#: The type each Profiler key accepts, by the Settings field it sets: the
+#: config's schema. Each converter returns the field's value or raises a
+#: one-line SettingsError naming the file, the key and the value as written.
+PROFILER_TYPES = {
+    "enable": _as_bool,
+    "detailed": _as_bool,
+    "record_shapes": _as_bool,
+    "profile_memory": _as_bool,
+    "timer_only": _as_bool,
+    "nvtx": _as_bool,
+    "scheduler": _as_window,
+    "log_dir": _as_path,
+    "summary": _as_summary,
+    "step_on": _as_word,
+    "warmup": _as_int,
+    "batch_size": _as_int,
+    "stop_after": _as_int,
+}
 
 
 def profiler_section_to_changes(section: Any, origin: str) -> dict[str, Any]:
@@ -246,82 +428,64 @@ def profiler_section_to_changes(section: Any, origin: str) -> dict[str, Any]:
     if section is None:
         return {}
     if not isinstance(section, dict):
-        raise SettingsError(f"{origin}: the Profiler section must be a mapping")
+        raise SettingsError(
+            f"{origin}: Profiler: expected a mapping (the Profiler section), "
+            f"got {_as_written(section)}"
+        )
     unknown = [k for k in section if k not in PROFILER_KEYS]
     if unknown:
         raise SettingsError(
-            f"{origin}: unknown Profiler key(s) {', '.join(map(str, unknown))}; "
+            f"{origin}: unknown Profiler key(s) {_names(unknown)}; "
             f"valid keys: {', '.join(PROFILER_KEYS)}"
         )
     changes: dict[str, Any] = {}
     for key, value in section.items():
         name = PROFILER_KEYS[key]
-        if name in ("enable", "detailed", "record_shapes", "profile_memory", "timer_only", "nvtx"):
-            changes[name] = _as_bool(key, value)
-        elif name == "scheduler":
-            changes[name] = _as_window(key, value)
-        elif name == "log_dir":
-            if not isinstance(value, str) or not value:
-                raise SettingsError(f"{origin}: Profiler.{key} must be a path")
-            changes[name] = value
-        elif name == "summary":
-            if value is None:
-                continue
-            if not isinstance(value, dict):
-                raise SettingsError(f"{origin}: Profiler.summary must be a mapping")
-            bad = [k for k in value if k not in SUMMARY_KEYS]
-            if bad:
-                raise SettingsError(
-                    f"{origin}: unknown Profiler.summary key(s) {', '.join(map(str, bad))}; "
-                    f"valid keys: {', '.join(SUMMARY_KEYS)}"
-                )
-            summary = dict.fromkeys(SUMMARY_KEYS, True)
-            summary.update({k: _as_bool(f"summary.{k}", v) for k, v in value.items()})
-            changes[name] = summary
-        elif name == "step_on":
-            changes[name] = str(value)
-        else:
-            changes[name] = _as_int(key, value)
+        converted = PROFILER_TYPES[name](origin, key, value)
+        if name == "summary" and converted is None:
+            continue
+        changes[name] = converted
     return changes
 
 
 def load_config(path: str) -> dict[str, Any]:
     """Read a YAML file's `Profiler:` section as Settings changes."""
-    import yaml  # local: only needed when --config is given
-
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise SettingsError(f"config file not found: {path}") from None
     except OSError as exc:
-        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SettingsError(f"{path}: malformed YAML{where}: {problem}") from None
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(
+            f"cannot read config file {path}: not UTF-8 text "
+            f"(byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    data = _load_yaml(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise SettingsError(f"{path}: expected a mapping with a Profiler section")
+        raise SettingsError(
+            f"{path}: expected a mapping with a Profiler section, got {_as_written(data)}"
+        )
     return profiler_section_to_changes(data.get("Profiler"), path)
 
 
 def parse_override(text: str) -> dict[str, Any]:
     """`Profiler.scheduler=[100,110]` -> Settings changes."""
-    import yaml
-
     if "=" not in text:
-        raise SettingsError(f"override {text!r} must look like Profiler.KEY=VALUE")
+        raise SettingsError(f"override {shown(text)} must look like Profiler.KEY=VALUE")
     dotted, raw = text.split("=", 1)
     parts = dotted.strip().split(".")
     if parts[0] != "Profiler" or len(parts) < 2:
-        raise SettingsError(f"override {text!r}: only Profiler.* keys can be overridden")
+        raise SettingsError(f"override {shown(text)}: only Profiler.* keys can be overridden")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        raise SettingsError(f"override {text!r}: cannot parse the value") from None
+        value = _load_yaml(raw, "override") if raw.strip() else None
+    except SettingsError:
+        raise SettingsError(f"override {shown(text)}: cannot parse the value") from None
     section: dict[str, Any] = {}
     node = section
     for part in parts[1:-1]:

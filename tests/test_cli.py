@@ -412,14 +412,14 @@ def test_load_config_values(tmp_path: Path, text: str, expected: dict) -> None:
         ("Global:\n  a: [1, 2\nProfiler:\n  enable: true\n", ["malformed YAML", "line 3"]),
         ("Profiler:\n  schedular: [1, 2]\n", ["unknown Profiler key(s) schedular", "valid keys"]),
         ("- a\n- b\n", ["expected a mapping"]),
-        ("Profiler: [1, 2]\n", ["must be a mapping"]),
-        ("Profiler:\n  enable: maybe\n", ["Profiler.enable must be true or false"]),
-        ("Profiler:\n  scheduler: [1, 2, 3]\n", ["Profiler.scheduler must be [START, END]"]),
-        ("Profiler:\n  scheduler: [a, 2]\n", ["Profiler.scheduler must be an integer"]),
-        ("Profiler:\n  warmup: true\n", ["Profiler.warmup must be an integer"]),
-        ("Profiler:\n  profiler_log: ''\n", ["Profiler.profiler_log must be a path"]),
+        ("Profiler: [1, 2]\n", ["Profiler: expected a mapping"]),
+        ("Profiler:\n  enable: maybe\n", ["Profiler.enable: expected true or false"]),
+        ("Profiler:\n  scheduler: [1, 2, 3]\n", ["Profiler.scheduler: expected two integers [START, END]"]),
+        ("Profiler:\n  scheduler: [a, 2]\n", ["Profiler.scheduler: expected two integers [START, END], got ['a', 2]"]),
+        ("Profiler:\n  warmup: true\n", ["Profiler.warmup: expected an integer, got true"]),
+        ("Profiler:\n  profiler_log: ''\n", ["Profiler.profiler_log: expected a path"]),
         ("Profiler:\n  summary:\n    kernels: false\n", ["unknown Profiler.summary key(s)"]),
-        ("Profiler:\n  summary: [kernel]\n", ["Profiler.summary must be a mapping"]),
+        ("Profiler:\n  summary: [kernel]\n", ["Profiler.summary: expected a mapping"]),
     ],
 )
 def test_load_config_errors(tmp_path: Path, text: str, fragments: list[str]) -> None:
@@ -478,8 +478,8 @@ def test_parse_override(text: str, expected: dict) -> None:
         ("Profiler=1", "only Profiler.* keys"),
         ("Profiler.scheduler=[1,", "cannot parse the value"),
         ("Profiler.nope=1", "unknown Profiler key(s) nope"),
-        ("Profiler.profiler_log=", "must be a path"),
-        ("Profiler.scheduler=[1]", "must be [START, END]"),
+        ("Profiler.profiler_log=", "expected a path"),
+        ("Profiler.scheduler=[1]", "expected two integers [START, END]"),
     ],
 )
 def test_parse_override_errors(text: str, fragment: str) -> None:
