@@ -414,8 +414,14 @@ def test_load_config_values(tmp_path: Path, text: str, expected: dict) -> None:
         ("- a\n- b\n", ["expected a mapping"]),
         ("Profiler: [1, 2]\n", ["Profiler: expected a mapping"]),
         ("Profiler:\n  enable: maybe\n", ["Profiler.enable: expected true or false"]),
-        ("Profiler:\n  scheduler: [1, 2, 3]\n", ["Profiler.scheduler: expected two integers [START, END]"]),
-        ("Profiler:\n  scheduler: [a, 2]\n", ["Profiler.scheduler: expected two integers [START, END], got ['a', 2]"]),
+        (
+            "Profiler:\n  scheduler: [1, 2, 3]\n",
+            ["Profiler.scheduler: expected two integers [START, END]"],
+        ),
+        (
+            "Profiler:\n  scheduler: [a, 2]\n",
+            ["Profiler.scheduler: expected two integers [START, END], got ['a', 2]"],
+        ),
         ("Profiler:\n  warmup: true\n", ["Profiler.warmup: expected an integer, got true"]),
         ("Profiler:\n  profiler_log: ''\n", ["Profiler.profiler_log: expected a path"]),
         ("Profiler:\n  summary:\n    kernels: false\n", ["unknown Profiler.summary key(s)"]),

@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -39,13 +39,13 @@ MS = 1e-3
 # -- independent computations over the raw JSON ---------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def raw(name: str) -> tuple[dict[str, Any], ...]:
     with gzip.open(os.path.join(DATA, name), "rt", encoding="utf-8") as f:
         return tuple(json.load(f)["traceEvents"])
 
 
-@lru_cache(maxsize=None)
+@cache
 def summary(name: str) -> dict[str, Any]:
     return summarize(load_trace(os.path.join(DATA, name)).events)
 

@@ -24,6 +24,7 @@ from perfrun.analysis.summary import (
 from perfrun.results import PHASES
 
 DASH = "-"
+ELLIPSIS = "\u2026"
 
 
 # -- numbers ------------------------------------------------------------------
@@ -44,6 +45,35 @@ def time_unit(seconds: Optional[float], *, coarse: str = "s") -> tuple[str, floa
         if seconds * factor >= (0.01 if unit == "s" else 1.0):
             return unit, factor
     return candidates[-1]
+
+
+#: The Perf Summary's unit, for every run. A unit picked from the run's own
+#: step times flips between two runs of one script whose steps sit near the
+#: boundary (0.98 s and 1.02 s; 9 ms and 11 ms; or one slow step where the
+#: max decides), and the two summaries then read as if one were a thousand
+#: times slower. With five decimals, milliseconds give at least three
+#: significant digits from 10 microseconds a step (a small inference loop)
+#: to steps of minutes, so no run needs another unit.
+PERF_UNIT = ("ms", 1e3)
+
+
+def middle(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut in the middle.
+
+    An operator's or kernel's name says what it is at both ends
+    (`autograd::engine::evaluate_function: AddmmBackward0`, a kernel's
+    template arguments), so the head and the tail are kept; the tail gets the
+    odd character, as it is what tells siblings apart. Cutting a cut name
+    again keeps the same head and tail, so a renderer may narrow a name the
+    blocks already shortened.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    head = (width - 1) // 2
+    tail = width - 1 - head
+    return text[:head] + ELLIPSIS + text[len(text) - tail:]
 
 
 def fmt_num(value: Optional[float], decimals: int, factor: float = 1.0) -> str:
@@ -146,7 +176,7 @@ def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: i
 
 
 def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
-    unit, factor = time_unit(perf.batch_cost.max)
+    unit, factor = PERF_UNIT
     counts = []
     if perf.reader_ratio is not None:
         counts.append(f"Reader Ratio: {perf.reader_ratio * 100:.3f}%")
@@ -173,8 +203,10 @@ def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
 
 
 def model_block(model: ModelSummary) -> TableBlock:
-    step_avg = model.row("ProfileStep").cpu.avg
-    unit, factor = time_unit(step_avg, coarse="ms")
+    # The median, not the mean: one slow step (a checkpoint, a recompile)
+    # must not change the unit of the whole table.
+    step = model.row("ProfileStep").cpu
+    unit, factor = time_unit(step.median if step.median is not None else step.avg, coarse="ms")
     info = [
         f"time unit: {unit}   Avg / Max / Min: per step ({plural(model.steps, 'step')})   "
         "Ratio(%): share of ProfileStep"
@@ -237,8 +269,13 @@ def ranks_block(ranks: MultiRankSummary) -> TableBlock:
             f"{unit})"
         )
     info = [f"time unit: {unit}; averages per step after warm-up; min / median / max across ranks"]
+    # A narrow terminal prints where each rank ran and how it ended, then
+    # its times: the phases read side by side, so they are never split.
+    times = columns.index(next(c for c in columns if c.header == "Step"))
+    groups = [list(range(1, times)), list(range(times, len(columns)))]
     return TableBlock("ranks", "Ranks", info, columns, rows, footer=footer,
-                      strong=set(range(first_summary, len(rows))), breaks={first_summary})
+                      strong=set(range(first_summary, len(rows))), breaks={first_summary},
+                      groups=groups)
 
 
 def device_block(device: DeviceSummary, world_size: int) -> TableBlock:

@@ -26,6 +26,8 @@ def _code(text: str) -> str:
 
 
 def _table(block: TableBlock) -> list[str]:
+    """Every column in one table: a block's `groups` are for a terminal too
+    narrow for it, and a Markdown viewer scrolls a wide table instead."""
     header = "| " + " | ".join(_cell(c.header) for c in block.columns) + " |"
     rule = "| " + " | ".join(":---" if c.align == "left" else "---:" for c in block.columns) + " |"
     lines = [header, rule]

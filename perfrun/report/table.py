@@ -8,7 +8,7 @@ same on every machine and a test can compare it.
 from __future__ import annotations
 
 import sys
-from typing import IO, Optional
+from typing import IO, Optional, Union
 
 from rich import box
 from rich.console import Console
@@ -16,7 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 from perfrun.analysis.summary import Report
-from perfrun.report.common import Block, LinesBlock, TableBlock, TitleBlock, blocks
+from perfrun.report.common import (
+    Block,
+    LinesBlock,
+    TableBlock,
+    TitleBlock,
+    blocks,
+    middle,
+)
 
 #: Width used when the output is not a terminal (a pipe, a file, CI).
 PIPE_WIDTH = 120
@@ -61,54 +68,166 @@ def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) 
     )
 
 
-def _widest(block: TableBlock, i: int) -> int:
-    """The widest cell of column `i`, or the header's longest word."""
-    return max(
-        [len(row[i]) for row in block.rows if i < len(row)]
-        + [len(word) for word in block.columns[i].header.split()]
-    )
+#: The narrowest a name column is made before columns are stacked instead:
+#: narrower, too many operator names read alike (`aten::…ard0`).
+MIN_NAME = 24
+
+#: Characters between two columns: the collapsed padding and the divider.
+_GAP = 2
 
 
-def _table(block: TableBlock, columns: list[int], width: Optional[int] = None) -> Table:
-    """`width`: the console's; where the table is wider, the name column
-    gives way, never a number (a cut number is a wrong number; a cut name
-    is still a name)."""
+def _spans(block: TableBlock, i: int) -> tuple[int, int]:
+    """Column `i`'s narrowest width (its widest cell, or the header's longest
+    word, as a header may wrap) and its natural one (the header on one line)."""
+    cells = [len(row[i]) for row in block.rows if i < len(row)]
+    header = block.columns[i].header
+    narrow = max(cells + [len(word) for word in header.split()] + [1])
+    return narrow, max(narrow, len(header))
+
+
+def _has_name(block: TableBlock) -> bool:
+    """Whether column 0 is a name, the one column that may be cut: numbers
+    never are (a cut number is a wrong number; a cut name is still a name)."""
+    return bool(block.columns) and block.columns[0].align == "left"
+
+
+def _indent(block: TableBlock) -> int:
+    """The deepest indentation of a name (the Module Summary's tree)."""
+    return max((len(row[0]) - len(row[0].lstrip(" ")) for row in block.rows if row), default=0)
+
+
+def _cut(name: str, width: int) -> str:
+    """`name` in `width` characters, cut in the middle of its text, its
+    indentation kept whole so the tree still reads as one."""
+    text = name.lstrip(" ")
+    indent = name[: len(name) - len(text)]
+    return indent + middle(text, max(width - len(indent), 1))
+
+
+def _widths(block: TableBlock, columns: list[int], width: int) -> Optional[list[int]]:
+    """Widths for `columns` in `width` characters, or None where they do not
+    fit even with every header wrapped and the names cut to MIN_NAME.
+
+    The name column takes what the others leave it (up to its own width);
+    what is then left over unwraps headers, left to right.
+    """
+    spans = [_spans(block, i) for i in columns]
+    room = width - _GAP * (len(columns) - 1)
+    if sum(natural for _, natural in spans) <= room:
+        return [natural for _, natural in spans]
+    out = [narrow for narrow, _ in spans]
+    if _has_name(block) and columns[0] == 0:
+        name = spans[0][0]
+        out[0] = min(name, room - sum(out[1:]))
+        # A tree's indentation is no part of the name: MIN_NAME is what is
+        # left to read after it.
+        if out[0] < min(name, MIN_NAME + _indent(block)):
+            return None
+    elif sum(out) > room:
+        return None
+    spare = room - sum(out)
+    for k, (_, natural) in enumerate(spans):
+        grow = min(spare, natural - out[k])
+        if grow > 0:
+            out[k] += grow
+            spare -= grow
+    return out
+
+
+def layout(block: TableBlock, width: int) -> list[tuple[list[int], list[int]]]:
+    """The tables `block` prints as in `width` characters: (columns, widths)
+    for each, every table after the first repeating the key columns.
+
+    One table where it fits; otherwise one per column group (the block's
+    `groups`, or all the other columns as one group), and a group that is
+    still too wide is split where it overflows. A column alone too wide for
+    the terminal is printed at its own width: a number is never cut.
+    """
+    every = list(range(len(block.columns)))
+    whole = _widths(block, every, width)
+    if whole is not None:
+        return [(every, whole)]
+    key = every[: block.key_columns]
+    groups = block.groups or [every[block.key_columns:]]
+    out: list[tuple[list[int], list[int]]] = []
+    for group in groups:
+        chunk: list[int] = []
+        for i in group:
+            if chunk and _widths(block, key + chunk + [i], width) is None:
+                out.append((key + chunk, _fixed(block, key + chunk, width)))
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            out.append((key + chunk, _fixed(block, key + chunk, width)))
+    return out
+
+
+def _fixed(block: TableBlock, columns: list[int], width: int) -> list[int]:
+    """`_widths`, or, for a lone column too wide for `width`, every column at
+    its narrowest with the name at MIN_NAME: the line overflows rather than
+    a number being cut."""
+    fitted = _widths(block, columns, width)
+    if fitted is not None:
+        return fitted
+    out = [_spans(block, i)[0] for i in columns]
+    if _has_name(block) and columns[0] == 0:
+        out[0] = min(out[0], MIN_NAME + _indent(block))
+    return out
+
+
+def _table(block: TableBlock, columns: list[int], widths: list[int]) -> Table:
     table = Table(box=_BOX, show_edge=False, pad_edge=False, expand=False, collapse_padding=True)
-    name_room = None
-    if width is not None and block.key_columns == 1 and columns and columns[0] == 0:
-        others = sum(_widest(block, i) + 2 for i in columns[1:])
-        name_room = max(20, width - others)
-    for i in columns:
+    cut = _has_name(block) and columns[0] == 0
+    for i, w in zip(columns, widths):
         col = block.columns[i]
         table.add_column(
             Text(col.header, style="bold"),
             justify="left" if col.align == "left" else "right",
-            no_wrap=i < block.key_columns,
-            max_width=name_room if i == 0 else None,
-            overflow="ellipsis" if i == 0 else "fold",
+            width=w,
+            overflow="fold",
         )
     for index, row in enumerate(block.rows):
         style = "bold" if index in block.strong else None
         if index in block.breaks and index > 0:
             table.add_section()
-        table.add_row(*(Text(row[i]) for i in columns), style=style)
+        cells = [row[i] if i < len(row) else "" for i in columns]
+        if cut:
+            cells[0] = _cut(cells[0], widths[0])
+        table.add_row(*(Text(c) for c in cells), style=style)
     return table
 
 
-def _tables(block: TableBlock, console: Console) -> list[Table]:
+def _tables(block: TableBlock, console: Console) -> list[tuple[Table, int]]:
     """One table, or, when it does not fit the console, one per column group
-    (the Model Summary's CPU and GPU halves), so nothing wraps mid-number."""
-    every = list(range(len(block.columns)))
-    if block.groups is None:
-        return [_table(block, every, console.width)]
-    whole = _table(block, every)
-    # Measure without the console's limit: rich clamps a measurement to the
-    # width it is given, which would make every table appear to fit.
-    wide = console.options.update_width(10_000)
-    if console.measure(whole, options=wide).maximum <= console.width:
-        return [whole]
-    key = list(range(block.key_columns))
-    return [_table(block, key + group, console.width) for group in block.groups]
+    (the Operator Summary's CPU columns, then its GPU ones), so no number is
+    cut and no row wraps; each with the width it takes."""
+    return [
+        (_table(block, columns, widths), sum(widths) + _GAP * (len(widths) - 1))
+        for columns, widths in layout(block, console.width)
+    ]
+
+
+def _print(console: Console, renderable: Union[Text, Table], width: int = 0) -> None:
+    """Print to a terminal as rich lays it out; anywhere else (a pipe, a
+    file, CI) prose stays on one line, for the reader's viewer to wrap and
+    grep to find, and no line ends in the spaces that pad table cells.
+
+    `width`: what a table takes; on a console narrower than that, the line
+    runs past the edge rather than rich squeezing a number.
+    """
+    wide = max(console.width, width)
+    if console.is_terminal:
+        console.print(renderable, width=wide)
+        return
+    if isinstance(renderable, Text):
+        text = renderable.copy()
+        text.rstrip()
+        console.print(text, soft_wrap=True)
+        return
+    with console.capture() as captured:
+        console.print(renderable, width=wide)
+    lines = [line.rstrip() for line in captured.get().splitlines()]
+    console.print(Text("\n".join(lines)), soft_wrap=True)
 
 
 def render_table(report: Report, console: Console) -> None:
@@ -123,24 +242,24 @@ def render_blocks(items: list[Block], console: Console) -> None:
                 line = Text()
                 line.append(f"{label}: ", style="bold")
                 line.append(text)
-                console.print(line)
+                _print(console, line)
             console.print()
         elif isinstance(block, LinesBlock):
             style = _LEVEL_STYLE.get(block.level, "")
             if block.title:
-                console.print(Text(block.title, style="bold " + style if style else "bold"))
+                _print(console, Text(block.title, style="bold " + style if style else "bold"))
             for line in block.lines:
                 prefix = "  - " if block.bullets else ""
-                console.print(Text(prefix + line, style=style))
+                _print(console, Text(prefix + line, style=style))
             console.print()
         else:
-            console.print(Text(block.title, style="bold"))
+            _print(console, Text(block.title, style="bold"))
             for info in block.info:
-                console.print(Text(info, style="dim"))
-            for i, table in enumerate(_tables(block, console)):
+                _print(console, Text(info, style="dim"))
+            for i, (table, width) in enumerate(_tables(block, console)):
                 if i:
                     console.print()
-                console.print(table)
+                _print(console, table, width)
             for line in block.footer:
-                console.print(Text(line))
+                _print(console, Text(line))
             console.print()

@@ -16,6 +16,7 @@ from perfrun.report.common import (
     TableBlock,
     fmt_bytes,
     fmt_num,
+    middle,
     model_block,
 )
 
@@ -40,7 +41,18 @@ def _time_columns(kind: str) -> list[Column]:
 
 
 def _name(text: str, width: int = 56) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    """Kernel names run to hundreds of characters of template arguments; the
+    Markdown has no width to fit, so the blocks cap them, in the middle (see
+    `middle`), and the terminal narrows them further where it must."""
+    return middle(text, width)
+
+
+def _stat_groups() -> list[list[int]]:
+    """Column groups of a Name, Calls, Total, Avg, Max, Min, <share> table,
+    which a narrow terminal stacks: Calls, Total and the share (or calls per
+    step) say where the time goes and come first; Avg, Max and Min say how
+    it spreads."""
+    return [[1, 2, 6], [3, 4, 5]]
 
 
 _MODULE_SORT = {
@@ -130,6 +142,12 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
     if has_gpu:
         columns += [Column("GPU fwd"), Column("GPU bwd")]
     columns.append(Column("Share of step (%)"))
+    # The GPU columns stack under the CPU ones on a narrow terminal: a deep
+    # tree's indented names need the room.
+    gpu_columns = [i for i, c in enumerate(columns) if c.header.startswith("GPU")]
+    groups = [[i for i in range(1, len(columns)) if i not in gpu_columns]]
+    if gpu_columns:
+        groups.append(gpu_columns)
     footer = []
     for g in modules.get("groups", [])[:limit]:
         vs = g.get("slowest_vs_median")
@@ -156,7 +174,8 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
             f"compiled (torch.compile runs it as one graph; perfrun does not look inside): "
             f"{', '.join(compiled[:5])}"
         )
-    return TableBlock("module", "Module Summary", info, columns, rows, footer=footer)
+    return TableBlock("module", "Module Summary", info, columns, rows, footer=footer,
+                      groups=groups)
 
 
 def _share(x: dict[str, Any], key: str, f: float) -> str:
@@ -293,6 +312,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                 ],
                 rows,
                 footer=["An operator's time includes the operators it calls."],
+                groups=[[1, 2, 3, 4, 5, 6], [7, 8]],
             )
         )
 
@@ -334,6 +354,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                 rows,
                 strong={shown} if kt else set(),
                 breaks={shown} if kt else set(),
+                groups=_stat_groups(),
             )
         )
 
@@ -385,6 +406,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                     ],
                     rows,
                     footer=footer,
+                    groups=[[1, 2], [3]],
                 )
             )
 
@@ -419,6 +441,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                     Column("Per step"),
                 ],
                 rows,
+                groups=_stat_groups(),
                 footer=["Each synchronisation stalls the CPU until the device catches up."]
                 + (
                     ["Made by: " + ", ".join(
@@ -470,6 +493,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                     Column("Ratio (%)"),
                 ],
                 rows,
+                groups=_stat_groups(),
             )
         )
     trace = s.get("trace")

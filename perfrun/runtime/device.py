@@ -71,6 +71,39 @@ def _norm_bus(bus: Optional[str]) -> str:
     return ":".join([parts[0].zfill(8), parts[1].zfill(2), *parts[2:]])
 
 
+#: Where an NVIDIA driver shows itself on Linux: its /proc entry, or WSL's
+#: GPU device (WSL has no /proc entry for the Windows driver it uses).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/dxg")
+
+#: NVML's own word for "this machine has no NVIDIA driver": no libnvidia-ml,
+#: or no kernel module behind it.
+_NO_DRIVER_ERRORS = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
+
+
+def _no_driver(exc: BaseException, probe_machine: bool) -> bool:
+    """Whether NVML failed because the machine has no NVIDIA driver at all.
+
+    That is every CPU-only machine: a note there would be printed on every
+    run and say nothing. Where a driver is there but NVML cannot read it (no
+    permission, a library and module of different versions), the GPU state
+    is missing for a reason worth a note. `probe_machine`: whether to look at
+    this machine too, which only makes sense when NVML is the real one.
+    """
+    try:
+        import pynvml
+    except Exception:
+        pynvml = None
+    kinds = tuple(
+        kind for kind in (getattr(pynvml, name, None) for name in _NO_DRIVER_ERRORS)
+        if isinstance(kind, type)
+    )
+    if kinds and isinstance(exc, kinds):
+        return True
+    if probe_machine and sys.platform.startswith("linux"):
+        return not any(os.path.exists(path) for path in DRIVER_PATHS)
+    return False
+
+
 class DeviceSampler:
     def __init__(
         self,
@@ -101,16 +134,17 @@ class DeviceSampler:
             psutil.cpu_percent(None)
         except Exception as exc:  # pragma: no cover - psutil is a dependency
             notes.append(f"CPU sampling off: psutil unavailable ({exc})")
+        nvml_given = nvml
         try:
             if nvml is None:
                 import pynvml as nvml
             nvml.nvmlInit()
             self._nvml = nvml
         except Exception as exc:
-            # No NVIDIA driver: the normal case on CPU machines.
             self._nvml = None
-            reason = str(exc).strip() or type(exc).__name__
-            notes.append(f"GPU state off: NVML unavailable ({reason})")
+            if not _no_driver(exc, probe_machine=nvml_given is None):
+                reason = str(exc).strip() or type(exc).__name__
+                notes.append(f"GPU state off: NVML unavailable ({reason})")
             return
         try:
             self.driver = _text(nvml.nvmlSystemGetDriverVersion())

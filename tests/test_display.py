@@ -1,0 +1,314 @@
+"""How the report looks: tables that fit the terminal without cutting a
+number, prose a pipe gets on one line, a Perf Summary unit that does not
+flip between two runs of one script, and no NVML note on machines without
+an NVIDIA driver."""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import pynvml
+import pytest
+
+from perfrun.analysis.stats import Rate, Stats
+from perfrun.analysis.summary import PerfSummary
+from perfrun.analysis.window import RankWindow, WindowReport
+from perfrun.report.common import (
+    ELLIPSIS,
+    Column,
+    LinesBlock,
+    TableBlock,
+    middle,
+    perf_block,
+)
+from perfrun.report.markdown import render_markdown_blocks
+from perfrun.report.table import MIN_NAME, layout, make_console, render_blocks
+from perfrun.report.window_blocks import window_blocks
+from perfrun.runtime import device
+from perfrun.runtime.device import DeviceSampler
+
+MS = 1e-3
+
+# -- a window with long names and wide numbers ------------------------------------------
+
+OP_NAMES = [
+    "autograd::engine::evaluate_function: AddmmBackward0",
+    "aten::scaled_dot_product_efficient_attention",
+    "Optimizer.step#AdamW.step",
+    "aten::linear",
+    "aten::_local_scalar_dense",
+    "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad",
+]
+KERNEL_NAMES = [
+    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_256x128_16x3_nt_align4>"
+    "(cutlass_80_tensorop_s1688gemm_256x128_16x3_nt_align4::Params)",
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+]
+
+
+def _times(total: float, calls: int) -> dict[str, Any]:
+    return {"total": total, "avg": total / calls, "max": total / calls * 1.5,
+            "min": total / calls / 2, "calls": calls}
+
+
+def _summary() -> dict[str, Any]:
+    ops = []
+    for i, name in enumerate(OP_NAMES):
+        row = {"name": name, **_times(12345.678 * MS / (i + 1), 10 * (i + 1)),
+               "ratio": 0.9 / (i + 1), "gpu_total": 23456.789 * MS / (i + 1),
+               "flops": 123456789012.0 if i % 2 == 0 else None}
+        row.update(gpu_avg=row["gpu_total"] / row["calls"], gpu_max=row["gpu_total"],
+                   gpu_min=0.0)
+        ops.append(row)
+    kernels = [{"name": n, **_times(9876.543 * MS / (i + 1), 1000 * (i + 1)),
+                "ratio": 0.5 / (i + 1)} for i, n in enumerate(KERNEL_NAMES)]
+    modules = []
+    for i, (name, parent) in enumerate([
+        ("GPT", ""),
+        ("GPT.transformer", "GPT"),
+        ("GPT.transformer.h.11", "GPT.transformer"),
+        ("GPT.transformer.h.11.attn", "GPT.transformer.h.11"),
+        ("GPT.transformer.h.11.attn.c_attn_projection", "GPT.transformer.h.11.attn"),
+    ]):
+        modules.append({"name": name, "parent": parent, "calls": 120, "type": "Linear",
+                        "total": 9999.999 * MS / (i + 1), "forward": 4567.891 * MS / (i + 1),
+                        "backward": 5432.108 * MS / (i + 1),
+                        "gpu_forward": 4000.0 * MS / (i + 1),
+                        "gpu_backward": 5000.0 * MS / (i + 1), "share": 0.98 / (i + 1)})
+    return {
+        "steps": 10,
+        "operators": ops,
+        "kernels": kernels,
+        "kernel_total": {"calls": 6000, "total": 18000.0 * MS, "ratio": 0.95},
+        "modules": {"recorded": True, "modules": modules, "groups": []},
+        "distributed": {"basis": "gpu", "gpu": {
+            "communication": 1234.567 * MS, "communication_ratio": 0.1234,
+            "computation": 9876.543 * MS, "computation_ratio": 0.8765,
+            "overlap": 123.456 * MS, "overlap_ratio": 0.0123}},
+        "memory_manipulation": {
+            "copies": [{"name": "Memcpy HtoD (Pageable -> Device)",
+                        **_times(3456.789 * MS, 2000)}],
+            "sync_calls": 1234, "sync_per_step": 123.4,
+        },
+        "user_defined": [{"name": "train/step/forward_and_backward_with_gradient_accumulation",
+                          **_times(11111.111 * MS, 10), "ratio": 0.99}],
+    }
+
+
+def _window_tables() -> list[TableBlock]:
+    report = WindowReport(window=(5, 15), ranks=[RankWindow(0, _summary())])
+    out = window_blocks(report, {"time_unit": "ms", "row_limit": 20}, lambda _key: True)
+    return [b for b in out if isinstance(b, TableBlock)]
+
+
+def _render(items: list[Any], width: int) -> str:
+    stream = io.StringIO()
+    render_blocks(items, make_console(stream, width))
+    return stream.getvalue()
+
+
+NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def _table_lines(text: str, block: TableBlock) -> list[str]:
+    """The lines of `block`'s tables: all but its title, its sentences and
+    the blank lines between the stacked tables."""
+    prose = {block.title, *block.info, *block.footer}
+    return [line for line in text.splitlines() if line and line not in prose]
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_wide_window_tables_fit_without_cutting_a_number(width: int) -> None:
+    tables = _window_tables()
+    assert {b.key for b in tables} >= {
+        "operator", "kernel", "memcpy", "userdefined", "distributed", "module"
+    }
+    for block in tables:
+        text = _render([block], width)
+        lines = _table_lines(text, block)
+        assert lines, block.key
+        assert max(len(line) for line in lines) <= width, (block.key, text)
+        body = "\n".join(lines)
+        # Every number cell, whole, in the output; no cut number anywhere.
+        for row in block.rows:
+            for cell in row[1:]:
+                for token in cell.replace("(", " ").replace(")", " ").replace("%", " ").split():
+                    if NUMBER.match(token):
+                        assert re.search(rf"(?<![\d.]){re.escape(token)}(?![\d.])", body), (
+                            block.key, width, token)
+        for line in lines:
+            for token in line.split():
+                if ELLIPSIS in token:
+                    assert not NUMBER.match(token.replace(ELLIPSIS, "")), (block.key, line)
+        # Every row's name: whole, or cut in the middle to at least MIN_NAME.
+        # A tree's indentation does not count.
+        cut = [_cut_name(line) for line in lines if ELLIPSIS in line]
+        for row in block.rows:
+            name = row[0].strip()
+            assert name in body or any(
+                name.startswith(head) and name.endswith(tail)
+                and len(head) + 1 + len(tail) >= min(MIN_NAME, len(name))
+                for head, tail in cut
+            ), (block.key, width, name)
+
+
+def _cut_name(line: str) -> tuple[str, str]:
+    """The head and tail of the name cut in `line`: from the line's first
+    character to the ellipsis, and from there to the next run of spaces."""
+    head, _, rest = line.lstrip().partition(ELLIPSIS)
+    return head, rest.split("  ", 1)[0]
+
+
+def test_operator_table_stacks_its_gpu_columns_at_80_columns() -> None:
+    (op,) = [b for b in _window_tables() if b.key == "operator"]
+    assert [columns for columns, _ in layout(op, 200)] == [list(range(9))]
+    parts = [columns for columns, _ in layout(op, 80)]
+    assert parts[-1] == [0, 7, 8]
+    assert sum(len(c) - 1 for c in parts) == 8  # every column once, after the name
+    for _, widths in layout(op, 80):
+        assert widths[0] >= MIN_NAME
+    text = _render([op], 80).splitlines()
+    name = OP_NAMES[0]
+    room = layout(op, 80)[0][1][0]
+    # Cut in the first table, whole in the second, which has the room.
+    assert any(line.startswith(middle(name, room) + " ") for line in text)
+    assert any(line.startswith(name + " ") for line in text)
+
+
+def test_markdown_prints_one_table_with_every_column() -> None:
+    (op,) = [b for b in _window_tables() if b.key == "operator"]
+    md = render_markdown_blocks([op]).splitlines()
+    header = next(line for line in md if line.startswith("| Name"))
+    assert header.count("|") == len(op.columns) + 1
+    assert "MFLOPs" in header and "CPU Total" in header
+
+
+def test_names_are_cut_in_the_middle() -> None:
+    name = "autograd::engine::evaluate_function: AddmmBackward0"
+    assert middle(name, 28) == "autograd::eng…AddmmBackward0"
+    assert middle(name, len(name)) == name
+    # Cutting again keeps the head and the tail of the original.
+    assert middle(middle(name, 40), 28) == middle(name, 28)
+    # The blocks cap kernel names for the Markdown the same way.
+    (kernel,) = [b for b in _window_tables() if b.key == "kernel"]
+    assert kernel.rows[0][0] == middle(KERNEL_NAMES[0], 56)
+
+
+# -- prose in a pipe ---------------------------------------------------------------------
+
+
+def test_prose_in_a_pipe_is_one_line_without_trailing_spaces() -> None:
+    note = ("word " * 60).strip()
+    assert len(note) > 290
+    footer = "An operator's time includes the operators it calls, " * 4
+    table = TableBlock("t", "Table", ["info " * 40], [Column("Name", "left"), Column("Memory",
+                       "left")], [["a", "x"], ["bb", "a much longer cell"]], footer=[footer])
+    text = _render([LinesBlock("notes", "Notes", [note]), table], 80)
+    lines = text.splitlines()
+    assert f"  - {note}" in lines
+    assert footer.rstrip() in lines
+    assert not [line for line in lines if line.endswith(" ")]
+
+
+def test_prose_on_a_terminal_may_wrap() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    render_blocks([LinesBlock("notes", "Notes", [("word " * 60).strip()])],
+                  make_console(stream, 80))
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue())
+    assert max(len(line) for line in plain.splitlines()) <= 80
+
+
+# -- the Perf Summary's unit --------------------------------------------------------------
+
+
+def _perf(step: float, slow: float) -> PerfSummary:
+    """Nine steps of `step` seconds and one of `slow`."""
+    times = [step] * 9 + [slow]
+    return PerfSummary(
+        steps=10, reader_cost=Stats.of([step / 10] * 10), batch_cost=Stats.of(times),
+        ips=Rate(avg=1 / step, max=1 / step, min=1 / slow), samples_ips=None,
+        reader_ratio=0.1,
+    )
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ((0.98, 0.99), (1.02, 1.03)),  # around one second
+    ((9.8 * MS, 9.9 * MS), (10.2 * MS, 10.3 * MS)),  # around 10 ms
+    ((0.98 * MS, 0.99 * MS), (1.02 * MS, 1.03 * MS)),  # around 1 ms
+    ((9.0 * MS, 9.5 * MS), (9.0 * MS, 10.5 * MS)),  # the same steps, one slower outlier
+    ((40 * MS, 45 * MS), (40 * MS, 2.0)),  # a step that waited on a checkpoint
+])
+def test_perf_summary_unit_is_the_same_for_two_runs_of_a_script(
+    a: tuple[float, float], b: tuple[float, float]
+) -> None:
+    first, second = perf_block(_perf(*a), 1, 0), perf_block(_perf(*b), 1, 0)
+    assert first.info[0] == second.info[0] == "time unit: ms, ips unit: steps/s"
+
+
+@pytest.mark.parametrize(("step", "slow", "cells"), [
+    (40e-6, 50e-6, ["0.04100", "0.05000", "0.04000"]),  # a small inference loop
+    (90.0, 100.0, ["91000.00000", "100000.00000", "90000.00000"]),  # a huge model
+])
+def test_perf_summary_keeps_digits_from_microseconds_to_minutes(
+    step: float, slow: float, cells: list[str]
+) -> None:
+    block = perf_block(_perf(step, slow), 1, 0)
+    assert block.rows[1] == ["batch_cost", *cells]
+
+
+# -- the NVML note -----------------------------------------------------------------------
+
+
+class _NoDriver:
+    """pynvml where nvmlInit fails with `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def nvmlInit(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [pynvml.NVMLError_LibraryNotFound(),
+                                   pynvml.NVMLError_DriverNotLoaded(),
+                                   pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)])
+def test_no_nvml_note_without_an_nvidia_driver(error: Exception) -> None:
+    notes: list[str] = []
+    s = DeviceSampler(notes, env={}, nvml=_NoDriver(error))
+    assert not s.has_nvml
+    assert notes == []
+
+
+@pytest.mark.parametrize("error", [pynvml.NVMLError_NoPermission(), pynvml.NVMLError_Unknown(),
+                                   pynvml.NVMLError_LibRmVersionMismatch()])
+def test_nvml_note_where_a_driver_is_there_but_unreadable(error: Exception) -> None:
+    notes: list[str] = []
+    DeviceSampler(notes, env={}, nvml=_NoDriver(error))
+    assert notes == [f"GPU state off: NVML unavailable ({error})"]
+
+
+@pytest.mark.parametrize("present", [False, True])
+def test_no_nvml_note_where_the_machine_has_no_nvidia_driver(
+    present: bool, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever NVML says, a Linux machine without /proc/driver/nvidia has no driver.
+    driver = tmp_path / "nvidia"
+    if present:
+        driver.mkdir()
+    monkeypatch.setattr(device, "DRIVER_PATHS", (str(driver),))
+    monkeypatch.setattr(device.sys, "platform", "linux")
+
+    def broken() -> None:
+        raise pynvml.NVMLError_Unknown()
+
+    monkeypatch.setattr(pynvml, "nvmlInit", broken)
+    notes: list[str] = []
+    DeviceSampler(notes, env={})
+    assert bool(notes) is present
