@@ -4,6 +4,15 @@ signals, and return its exit status.
 perfrun stays the parent: the script runs in a child started with Popen and
 inherits stdin, stdout and stderr, so what it prints and its tracebacks are
 exactly those of `python script.py`. perfrun itself never imports torch.
+
+perfrun and its run live and die together. Every signal that would end
+perfrun and can be caught is passed on to the child, and perfrun then ends
+as the child did. A signal that cannot be caught (SIGKILL) ends the child
+too: on Linux the kernel kills it when perfrun dies (PR_SET_PDEATHSIG), and
+each torchrun worker in turn when the torchrun agent dies. The child stays
+in perfrun's process group: a process group of its own would take it out
+of the terminal's foreground (Ctrl-C would no longer reach it, and reading
+the terminal would stop it).
 """
 
 from __future__ import annotations
@@ -23,6 +32,22 @@ from .settings import Settings, child_environment
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 TORCHRUN_STATUS = "torchrun-status.json"
+#: Signals whose default action ends a process and that a handler can catch,
+#: so that perfrun passes them on rather than dying alone. Not those Python
+#: already ignores (SIGPIPE, SIGXFSZ) nor those a fault raises in perfrun
+#: itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS).
+FORWARDED = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+        "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR", "SIGIO", "SIGSTKFLT", "SIGEMT",
+        "SIGLOST",
+    )
+    if hasattr(signal, name)
+)
+#: Signals a terminal sends to its whole foreground process group (Ctrl-C,
+#: Ctrl-\): the child has them already.
+TERMINAL_SIGNALS = (signal.SIGINT, getattr(signal, "SIGQUIT", signal.SIGINT))
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -75,6 +100,19 @@ def check_target(settings: Settings) -> None:
             "drop --nsys",
             ExitCode.CONFIG,
         )
+
+
+def check_torchrun(settings: Settings) -> None:
+    """torchrun's node arguments, refused in one line before anything runs
+    rather than by a traceback from torchrun once it started."""
+    from .exitcodes import ExitCode
+    from .torchrun import argument_problem
+
+    problem = argument_problem(
+        settings.nproc_per_node, settings.nnodes, settings.node_rank, settings.master_port
+    )
+    if problem is not None:
+        raise LaunchError(problem, ExitCode.CONFIG)
 
 
 def prepare_run_dir(log_dir: str) -> str:
@@ -138,8 +176,11 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
             # perfrun calls cudaProfilerStart/Stop at the window's edges.
             nsys += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
         nsys += shlex.split(settings.nsys_args)
-        if settings.nsys_ranks:
-            selector = [sys.executable, "-E", "-m", "perfrun.nsys_rank", settings.nsys_ranks]
+        if settings.distributed:
+            # Each worker passes through perfrun.nsys_rank even when every
+            # rank is chosen: it ties nsys's life to torchrun's agent.
+            ranks = settings.nsys_ranks or "all"
+            selector = [sys.executable, "-E", "-m", "perfrun.nsys_rank", ranks]
             nsys = [*selector, "--", *nsys]
     if not settings.distributed:
         return [*nsys, sys.executable, *target]
@@ -171,8 +212,8 @@ def _git_state(settings: Settings) -> dict[str, Any]:
 
 
 def _terminal_owns_sigint() -> bool:
-    """Ctrl-C in a terminal already reaches the child (same process group);
-    forwarding it again would deliver it twice."""
+    """Ctrl-C (and Ctrl-\\) in a terminal already reaches the child (same
+    process group); forwarding it again would deliver it twice."""
     try:
         fd = sys.stdin.fileno()
         return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
@@ -180,14 +221,50 @@ def _terminal_owns_sigint() -> bool:
         return False
 
 
+def _child_setup() -> Optional[Any]:
+    """What the child runs between fork and exec: ask to be killed when
+    perfrun dies, then make sure perfrun did not die already (the request
+    only covers deaths after it)."""
+    from .runtime.lite import parent_death_signal  # the one prctl helper, rank side too
+
+    arm = parent_death_signal()
+    if arm is None:
+        return None
+    parent = os.getpid()
+
+    def setup() -> None:
+        if arm() and os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
 def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome:
     check_target(settings)
+    check_torchrun(settings)
     run_dir = prepare_run_dir(settings.log_dir)
+    if not settings.quiet:
+        # Where the results go, before the script's first line of output.
+        target = settings.script or f"-m {settings.module}"
+        sys.stderr.write(f"perfrun: profiling {target}; results in {run_dir}\n")
+        sys.stderr.flush()
     if settings.nsys:
         os.makedirs(os.path.join(run_dir, "nsys"), exist_ok=True)
     cmd = build_command(settings, run_dir)
     launcher = "torchrun" if settings.distributed else "python"
-    extra = {"launcher": launcher, "package_root": PACKAGE_ROOT, "command": command_line}
+    extra = {
+        "launcher": launcher,
+        "package_root": PACKAGE_ROOT,
+        "command": command_line,
+        "launcher_pid": os.getpid(),
+    }
     env = child_environment(settings, run_dir, BOOT_DIR, extra=extra)
     if settings.distributed:
         env["PERFRUN_TORCHRUN_STATUS"] = os.path.join(run_dir, TORCHRUN_STATUS)
@@ -200,31 +277,56 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "launcher": launcher,
         "started": time.time(),
     }
-    atomic_write_text(os.path.join(run_dir, "run.json"), json.dumps(meta, indent=1))
+    meta_path = os.path.join(run_dir, "run.json")
+    atomic_write_text(meta_path, json.dumps(meta, indent=1))
 
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env)
-    forwarded: dict[int, Any] = {}
+    # Handlers go in before the child starts; a signal that arrives before
+    # there is a child to pass it to waits for it.
+    proc: Optional[subprocess.Popen[bytes]] = None
+    received: list[int] = []
+    pending: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if proc is None:
+            pending.append(signum)
+            return
         try:
             proc.send_signal(signum)
         except OSError:
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        if sig == signal.SIGINT and _terminal_owns_sigint():
-            forwarded[sig] = signal.signal(sig, signal.SIG_IGN)
-        else:
-            forwarded[sig] = signal.signal(sig, forward)
+    previous: dict[int, Any] = {}
+    for sig in FORWARDED:
+        try:
+            if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+                # Not one that is ignored (nohup, a background job): the
+                # child inherits those as they are.
+                previous[sig] = signal.signal(sig, forward)
+        except (OSError, ValueError):
+            pass
+    start = time.monotonic()
     try:
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup())
+        if _terminal_owns_sigint():
+            # Only now: a child started while SIGINT is ignored would
+            # ignore Ctrl-C itself.
+            for sig in TERMINAL_SIGNALS:
+                if sig in previous:
+                    signal.signal(sig, signal.SIG_IGN)
+        for signum in pending:
+            proc.send_signal(signum)
         returncode = proc.wait()
     finally:
-        for sig, handler in forwarded.items():
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
     elapsed = time.monotonic() - start
     meta.update({"returncode": returncode, "elapsed": elapsed})
-    atomic_write_text(os.path.join(run_dir, "run.json"), json.dumps(meta, indent=1))
+    if received:
+        # What perfrun was sent and passed on: the child's status then says
+        # how the child took it.
+        meta["signals"] = [_signal_name(s) for s in received]
+    atomic_write_text(meta_path, json.dumps(meta, indent=1))
     return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed)
 
 

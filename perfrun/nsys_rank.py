@@ -4,7 +4,9 @@
 each torchrun worker starts this; ranks in the list exec the whole nsys
 command, the others exec just the Python part, so a long job does not write
 one huge report per rank. (-E keeps perfrun's bootstrap out of this short
-process: it is not a rank, it only becomes one.)
+process: it is not a rank, it only becomes one.) `all` chooses every rank:
+perfrun then comes here only so that nsys, a program that does not know
+perfrun, still ends with torchrun's agent (see `main`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,19 @@ def split(argv: list[str]) -> tuple[set[str], list[str]]:
     return ranks, argv[2:]
 
 
+def tie_to_agent() -> None:
+    """Die with torchrun's agent, which started this process. The request
+    outlives the exec below, so nsys (or the rank itself) is killed when the
+    agent dies, and the rank with it (its bootstrap ties it to nsys)."""
+    from perfrun.runtime.lite import AGENT_PID_VAR, die_with
+
+    try:
+        agent = int(os.environ.get(AGENT_PID_VAR, ""))
+    except ValueError:
+        return
+    die_with(agent)
+
+
 def python_part(command: list[str], python: str) -> list[str]:
     """The command nsys was asked to run: from the Python executable on."""
     for i, arg in enumerate(command):
@@ -30,8 +45,9 @@ def python_part(command: list[str], python: str) -> list[str]:
 
 def main(argv: list[str]) -> None:
     ranks, command = split(argv)
+    tie_to_agent()
     rank = os.environ.get("RANK", "0")
-    if rank not in ranks:
+    if rank not in ranks and "all" not in ranks:
         command = python_part(command, sys.executable)
     os.execvp(command[0], command)
 

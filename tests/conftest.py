@@ -26,6 +26,21 @@ from perfrun.results import RankResult, RunResults, read_run
 E2E_TIMEOUT = 120
 
 
+#: The line perfrun writes on stderr before the script starts (-q: none).
+START_NOTICE = "perfrun: profiling "
+
+
+def script_stderr(stderr: str) -> list[str]:
+    """The script's own stderr lines: perfrun's start notice taken off the
+    front, and its closing lines (`perfrun: ...`, blank lines) off the end."""
+    lines = stderr.splitlines()
+    if lines and lines[0].startswith(START_NOTICE):
+        lines.pop(0)
+    while lines and (lines[-1].startswith("perfrun: ") or not lines[-1].strip()):
+        lines.pop()
+    return lines
+
+
 def e2e_environment() -> dict[str, str]:
     """The environment both perfrun and a direct `python script.py` get: the
     test process's own, with no perfrun state leaking in and one OpenMP

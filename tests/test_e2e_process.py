@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from conftest import START_NOTICE, script_stderr
 
 from perfrun.exitcodes import ExitCode
 from perfrun.results import VERSION
@@ -116,15 +117,6 @@ def rows(run_dir: Path, rank: int = 0) -> list:
 
 def steps_printed(stdout: str) -> int:
     return len(re.findall(r"^step \d+ done$", stdout, flags=re.M))
-
-
-def script_stderr(stderr: str) -> list[str]:
-    """The script's own stderr: what perfrun printed after it (lines of its
-    own, `perfrun: ...`, and blank lines) taken off the end."""
-    lines = stderr.splitlines()
-    while lines and (lines[-1].startswith("perfrun: ") or not lines[-1].strip()):
-        lines.pop()
-    return lines
 
 
 def free_port() -> int:
@@ -286,10 +278,11 @@ def test_sigint_to_perfrun_interrupts_script_and_reports(tmp_path: Path) -> None
     assert "training finished" not in result.stdout
     assert len(rows(run_dir)) == n
     data = rank_data(run_dir)
-    assert data["status"] == "finished"
-    assert data["exit"]["exception"] == "KeyboardInterrupt"
+    # Python ends an uncaught KeyboardInterrupt by SIGINT: not "finished".
+    assert data["status"] == "signalled"
+    assert data["exit"] == {"exception": "KeyboardInterrupt", "signal": signal.SIGINT}
     assert f"Results: {run_dir}" in result.stdout
-    assert f"rank 0: raised KeyboardInterrupt after {n} steps" in result.stdout
+    assert f"rank 0: killed by SIGINT after {n} steps" in result.stdout
 
 
 def test_sigterm_to_perfrun_is_forwarded_and_reports(tmp_path: Path) -> None:
@@ -702,3 +695,26 @@ def test_override_sets_the_scheduler(tmp_path: Path) -> None:
         tmp_path, before=("-o", "Profiler.scheduler=[1,3]"), script=(str(EXIT_SCRIPT),)
     )
     assert rank_data(run_dir)["window"] == [1, 3]
+
+
+def test_the_start_notice_names_the_run_folder_and_q_drops_it(tmp_path: Path) -> None:
+    """Before the script's first line, one line on stderr says where the
+    results will be; `-q` leaves it out."""
+    script = tmp_path / "hello.py"
+    script.write_text("import sys\nprint('out')\nprint('err', file=sys.stderr)\n")
+    log = tmp_path / "log"
+    for quiet in (False, True):
+        args = [sys.executable, "-m", "perfrun", "--log-dir", str(log)]
+        args += ["-q"] if quiet else []
+        done = subprocess.run([*args, str(script)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        first = done.stderr.splitlines()[0]
+        if quiet:
+            assert first == "err", done.stderr
+            assert START_NOTICE not in done.stderr
+        else:
+            assert first.startswith(f"{START_NOTICE}{script}; results in {log}{os.sep}"), first
+            run_dir = first.rsplit(" ", 1)[1]
+            assert os.path.isdir(run_dir)
+            assert done.stderr.splitlines()[1] == "err"

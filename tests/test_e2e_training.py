@@ -363,7 +363,11 @@ def test_dataloader_workers_write_one_rank_file(run_perfrun: RunPerfrun) -> None
     assert sorted(p.name for p in run.log_dir.iterdir()) == sorted(["latest", run.run_dir.name])
     # Workers are not ranks: perfrun says nothing from inside them.
     said = [line.split(" ")[:3] for line in run.err.splitlines() if line.startswith("perfrun")]
-    assert said == [["perfrun:", "report", "written"], ["perfrun:", "results", "saved"]], (
+    assert said == [
+        ["perfrun:", "profiling", str(SCRIPTS / "train_loader.py") + ";"],
+        ["perfrun:", "report", "written"],
+        ["perfrun:", "results", "saved"],
+    ], (
         run.describe()
     )
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import E2E_TIMEOUT, e2e_environment
+from conftest import E2E_TIMEOUT, START_NOTICE, e2e_environment, script_stderr
 
 from perfrun.analysis.summary import BOOTSTRAP_HINT
 from perfrun.exitcodes import ExitCode
@@ -74,14 +74,6 @@ def run_dir_of(log_dir: Path) -> Path:
 
 def rank_data(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"rank{rank}.json").read_text())
-
-
-def script_stderr(stderr: str) -> list[str]:
-    """The script's own stderr: perfrun's closing lines taken off the end."""
-    lines = stderr.splitlines()
-    while lines and (lines[-1].startswith("perfrun: ") or not lines[-1].strip()):
-        lines.pop()
-    return lines
 
 
 def flat(text: str) -> str:
@@ -294,7 +286,8 @@ def test_full_disk_mid_run_leaves_the_script_alone(tmp_path: Path) -> None:
     assert under.stdout.startswith(plain.stdout)
     assert script_stderr(under.stderr) == plain.stderr.splitlines()
     # One line from perfrun in the script's process, then the launcher's.
-    said = under.stderr.splitlines()[len(plain.stderr.splitlines()) :]
+    lines = [x for x in under.stderr.splitlines() if not x.startswith(START_NOTICE)]
+    said = lines[len(plain.stderr.splitlines()) :]
     assert said[0] == "perfrun: could not save results: [Errno 27] File too large", said
     assert said[1:] == [f"perfrun: results saved in {run_dir_of(log)}"], said
     assert "Traceback" not in under.stderr

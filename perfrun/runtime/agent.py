@@ -1,5 +1,7 @@
 """The in-process lifecycle: start in a rank, hook torch when the script
-imports it, flush results during the run, save them at exit or on SIGTERM.
+imports it, flush results during the run, save them at exit, on SIGTERM, or
+just before the script replaces itself with another program (os.exec*: no
+exit handler runs then, and the new program is not measured).
 
 Started by the boot `sitecustomize` before the script runs. Everything here
 must leave the script's behaviour alone: perfrun's own faults are recorded in
@@ -27,6 +29,7 @@ from . import hooks
 from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
 from .hooks import OFF, HookState
+from .lite import ended_status
 from .modules import ModuleRanges, RootTracker
 from .steps import StepTracker
 
@@ -96,6 +99,7 @@ class Agent:
         self._finished = False
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
+        self._exec_note = ""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -109,6 +113,7 @@ class Agent:
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         os.register_at_fork(after_in_child=self._forked)
+        self._watch_exec()
 
     def _on_torch(self, torch: Any) -> None:
         try:
@@ -471,11 +476,11 @@ class Agent:
                     f"GPU time unknown for {timer.unknown} steps: a CUDA graph was being "
                     "captured during them (perfrun records no event into a capture)"
                 )
-        if self.status == "running":
-            self.status = "finished"
         last = getattr(sys, "last_value", None)
         if last is not None and self.exit["exception"] is None:
             self.exit["exception"] = type(last).__name__
+        if self.status == "running":
+            self.status = ended_status(last, self.exit)
         if self.sampler is not None:
             self.sampler.sample()
         self.write(final=True)
@@ -496,6 +501,71 @@ class Agent:
         self._atexit()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+    def _watch_exec(self) -> None:
+        """Save before os.exec*: the process keeps its pid but not its
+        Python, so neither atexit nor the flush thread runs again, and the
+        steps since the last flush would be lost. os.execl, execle, execlp,
+        execvp and execvpe all end in os.execv or os.execve."""
+        for name in ("execv", "execve"):
+            original = getattr(os, name, None)
+            if original is None or getattr(original, "__perfrun__", False):
+                continue
+            setattr(os, name, self._exec_wrapper(original))
+
+    def _exec_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        agent = self
+
+        def exec_(path: Any, *args: Any) -> Any:
+            agent._before_exec(path)
+            try:
+                return original(path, *args)
+            except BaseException as exc:
+                agent._exec_failed(exc)
+                raise
+
+        exec_.__perfrun__ = True  # type: ignore[attr-defined]
+        exec_.__wrapped__ = original  # type: ignore[attr-defined]
+        exec_.__name__ = original.__name__
+        exec_.__doc__ = original.__doc__
+        return exec_
+
+    def _before_exec(self, path: Any) -> None:
+        if self._finished or os.getpid() != self._pid:
+            return
+        try:
+            program = os.fsdecode(path)
+        except Exception:
+            program = str(path)
+        try:
+            self.exit["exec"] = program
+            self._exec_note = (
+                f"rank {self.rank} replaced itself with {os.path.basename(program)} "
+                "(os.exec*): what ran after that is not measured"
+            )
+            self.notes.append(self._exec_note)
+            self.finish()
+        except Exception as exc:
+            try:
+                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+            except Exception:
+                pass
+
+    def _exec_failed(self, exc: BaseException) -> None:
+        """The exec did not happen (no such program...): the script goes on,
+        no longer measured; say so rather than claim it was replaced."""
+        if os.getpid() != self._pid or self.exit.get("exec") is None:
+            return
+        try:
+            program = self.exit.pop("exec")
+            self.notes[:] = [n for n in self.notes if n != self._exec_note]
+            self.notes.append(
+                f"rank {self.rank} tried to replace itself with {program} (os.exec*), "
+                f"which failed ({type(exc).__name__}); what ran after that is not measured"
+            )
+            self.write(final=True)
+        except Exception:
+            pass
 
     def _forked(self) -> None:
         # A forked child (DataLoader worker) is not a rank: switch off.

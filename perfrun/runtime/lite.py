@@ -13,12 +13,84 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import time
 from time import perf_counter
 from typing import Any, Callable, Optional
 
 from ..schema import FORMAT, STEP_COLUMNS, VERSION, rank_filename
+
+#: Linux's prctl option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+#: The variable perfrun's torchrun agent leaves its pid in for its workers.
+AGENT_PID_VAR = "PERFRUN_AGENT_PID"
+
+
+def parent_death_signal() -> Optional[Callable[[], bool]]:
+    """A function that asks the kernel to SIGKILL the calling process when
+    its parent dies, or None where there is no such thing (not Linux).
+
+    Made before a fork and called after it (in `preexec_fn`), so the child
+    only calls into a library that is already loaded. SIGKILL rather than
+    SIGTERM: a script that handles or ignores SIGTERM must not outlive
+    perfrun, whose report it can no longer reach anyway; what a rank
+    flushed before stays in its results file.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, ImportError):
+        return None
+    kill = int(signal.SIGKILL)
+
+    def arm() -> bool:
+        return prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0) == 0
+
+    return arm
+
+
+def die_with(owner: Optional[int], wrapped: bool = False) -> None:
+    """End this process when its parent ends, and now if `owner` (the
+    process that started this run: perfrun, or torchrun's agent for a
+    worker) has already gone.
+
+    The parent's death is only noticed from the moment the signal is armed:
+    a parent that died before (while this interpreter started) has left
+    this process to init or a subreaper, so the parent is checked again
+    afterwards. `wrapped`: a wrapper (nsys) may stand between `owner` and
+    this process; then the wrapper is the parent, and `owner` itself must
+    still be there.
+    """
+    arm = parent_death_signal()
+    if arm is None or not arm() or owner is None or os.getppid() == owner:
+        return
+    if wrapped:
+        try:
+            os.kill(owner, 0)
+            return
+        except ProcessLookupError:
+            pass
+        except OSError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def ended_status(last: Optional[BaseException], exit: dict[str, Any]) -> str:
+    """The status of a rank whose script ended by itself (`last`: the
+    uncaught exception, if any). An uncaught KeyboardInterrupt (Ctrl-C, or
+    torchrun passing SIGINT on to its workers) makes Python end by SIGINT
+    once the exit handlers ran: the rank was signalled, not finished, and
+    `exit` is told by which signal. Any other exception keeps "finished",
+    the status the report reads `exit.exception` under ("raised X")."""
+    if isinstance(last, KeyboardInterrupt):
+        if exit.get("signal") is None:
+            exit["signal"] = int(signal.SIGINT)
+        return "signalled"
+    return "finished"
 
 
 class TorchWatcher:
@@ -77,10 +149,28 @@ class Boot:
         self.done = False
 
     def start(self) -> None:
+        self._tie_to_owner()
         self._write("running")
         atexit.register(self._atexit)
         os.register_at_fork(after_in_child=self._forked)
         sys.meta_path.insert(0, TorchWatcher(self._on_torch))
+
+    def _tie_to_owner(self) -> None:
+        """A rank ends with the process that runs it: perfrun for a plain
+        script, torchrun's agent for a worker. perfrun arms its own child
+        before it starts; a torchrun worker, or a script under nsys, has
+        another parent and arms itself here."""
+        wrapped = bool(self.payload.get("nsys"))
+        if self.payload.get("launcher") == "torchrun":
+            owner = _int(os.environ.pop(AGENT_PID_VAR, None), 0) or None
+        else:
+            owner = self.payload.get("launcher_pid")
+            if owner is None or (os.getppid() == owner and not wrapped):
+                return
+        try:
+            die_with(owner, wrapped)
+        except Exception:
+            pass
 
     def _on_torch(self, torch: Any) -> None:
         try:
@@ -112,6 +202,10 @@ class Boot:
     def _write(self, status: str) -> None:
         """The results of a rank that has not imported torch (yet)."""
         last = getattr(sys, "last_value", None)
+        exit_info = {"exception": type(last).__name__ if last is not None else None,
+                     "signal": None}
+        if status == "finished":
+            status = ended_status(last, exit_info)
         env = os.environ
         doc = {
             "format": FORMAT,
@@ -121,10 +215,7 @@ class Boot:
             "world_size": _int(env.get("WORLD_SIZE"), 1),
             "restart": self.restart,
             "status": status,
-            "exit": {
-                "exception": type(last).__name__ if last is not None else None,
-                "signal": None,
-            },
+            "exit": exit_info,
             "started_unix": self.t0_unix,
             "elapsed": round(perf_counter() - self.t0, 6),
             "env": {
