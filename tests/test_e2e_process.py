@@ -718,3 +718,43 @@ def test_the_start_notice_names_the_run_folder_and_q_drops_it(tmp_path: Path) ->
             run_dir = first.rsplit(" ", 1)[1]
             assert os.path.isdir(run_dir)
             assert done.stderr.splitlines()[1] == "err"
+
+
+SAVE_FAILS = """
+import os, sys
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+for path in sys.argv[1:]:
+    os.makedirs(path)  # where perfrun will want to write a file
+"""
+
+
+@pytest.mark.parametrize(
+    "option, name, code, message",
+    [
+        ("--save-baseline", "base.json", ExitCode.CONFIG, "could not save the baseline: "),
+        ("--output", "report.txt", ExitCode.CONFIG, "could not write the report: "),
+    ],
+)
+def test_a_file_that_cannot_be_saved_after_the_run_is_no_success(
+    tmp_path: Path, option: str, name: str, code: int, message: str
+) -> None:
+    """The script succeeded, but perfrun could not save what it was asked
+    to: never exit 0 (a CI job on main would go green with no baseline)."""
+    script = tmp_path / "train.py"
+    script.write_text(SAVE_FAILS)
+    target = tmp_path / name
+    done = subprocess.run(
+        [sys.executable, "-m", "perfrun", "-q", "--log-dir", str(tmp_path / "log"),
+         option, str(target), str(script), str(target)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == code, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("perfrun: error")]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
