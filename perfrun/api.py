@@ -218,14 +218,17 @@ def _check_baseline_first(settings: Settings) -> Optional[int]:
         known["world_size"] = 1
     differ = baseline_mod.mismatches({k: stored.get(k) for k in known}, known)
     if differ:
-        _say(
-            "error: the baseline was recorded in a different environment ("
-            + "; ".join(differ)
-            + "); compare like with like, or pass --allow-env-mismatch (checked before "
-            "running the script)"
-        )
+        _refuse_mismatch(differ, " (checked before running the script)")
         return ExitCode.CONFIG
     return None
+
+
+def _refuse_mismatch(differ: list[str], when: str = "") -> None:
+    _say(
+        "error: the baseline was recorded in a different environment ("
+        + "; ".join(differ)
+        + f"); compare like with like, or pass --allow-env-mismatch{when}"
+    )
 
 
 def _os_reason(path: Optional[str], exc: OSError) -> str:
@@ -374,12 +377,7 @@ def compare(
     current_fp = baseline_mod.fingerprint(current_run)
     mismatches = baseline_mod.mismatches(base_fp, current_fp)
     if mismatches and threshold is not None and not allow_env_mismatch:
-        _say(
-            "error: the baseline was recorded in a different environment ("
-            + "; ".join(mismatches)
-            + "); compare like with like, or pass "
-            "--allow-env-mismatch"
-        )
+        _refuse_mismatch(mismatches)
         return ExitCode.CONFIG
     comparison = compare_runs(
         base_run,

@@ -55,7 +55,6 @@ __all__ = [
     "is_communication",
     "memory_summary",
     "merge",
-    "redispatched",
     "short_kernel_name",
     "subtract",
     "summarize",
@@ -318,11 +317,6 @@ def call_trees(spans: Sequence[Any]) -> tuple[dict[int, int], dict[int, int]]:
             dropped[i] = q
             nchild[q] = nchild.get(i, 0)
     return dropped, {c: dropped.get(o, o) for c, o in op_of.items()}
-
-
-def redispatched(spans: Sequence[Any]) -> dict[int, int]:
-    """The dropped events of `call_trees`."""
-    return call_trees(spans)[0]
 
 
 # -- the summary -----------------------------------------------------------------
