@@ -260,16 +260,17 @@ class CudaPhaseTimer:
         except Exception as exc:
             self._fault(exc)
 
-    def resolve(self, rows: list[list], col_base: int) -> int:
+    def resolve(self, rows: list[list], col_base: int, base: int = 0) -> int:
         """Fill the GPU columns of every step whose events have completed.
-        Returns the index of the first row that may still change (all rows
-        before it are final). Called from the flush thread: it queries
+        `rows` holds the steps from index `base` on (those before it are
+        written and gone). Returns the index of the first row that may still
+        change (all rows before it are final). Called from the flush thread: it queries
         nothing while a CUDA graph capture is underway. A capture begun
         through torch.cuda.CUDAGraph is known the moment it begins
         (guard_captures); one begun by other means only at the main
         thread's next phase edge."""
         if self.off:
-            return len(rows)
+            return base + len(rows)
         # Read before looking at the queue: the main thread queues a row's
         # events before it advances `_next`.
         limit = self._next
@@ -285,7 +286,7 @@ class CudaPhaseTimer:
                     if not end.query():
                         return index
                     pending.popleft()
-                    row = rows[index]
+                    row = rows[index - base]
                     sums = [0.0, 0.0, 0.0, 0.0]
                     used = [start, end]
                     for kind, is_eval, a, b, children in phases:
@@ -301,7 +302,7 @@ class CudaPhaseTimer:
                     self._recycle(device, used)
         except Exception as exc:
             self._fault(exc)
-            return len(rows)
+            return base + len(rows)
         return limit
 
     def synchronize(self, torch: Any) -> None:

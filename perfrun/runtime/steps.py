@@ -105,7 +105,11 @@ class StepTracker:
         self.on_begin = on_begin
         self.on_end = on_end
         self.on_relabel: Optional[RelabelCallback] = None
+        # Committed steps not yet taken by the writer (Agent.take_rows), and
+        # how many were taken before them: a step's index is global, so the
+        # rank holds only what it has not written, however long the run.
         self.rows: list[list] = []
+        self.base = 0
         # What the script has shown so far.
         self.optimizer_seen = False  # set by the hooks when an optimizer is built
         self.training_seen = False  # a backward or optimizer step ran
@@ -175,7 +179,13 @@ class StepTracker:
     @property
     def current_index(self) -> int:
         """Index of the open step (or of the next one, when none is open)."""
-        return len(self.rows)
+        return self.base + len(self.rows)
+
+    def take(self, n: int) -> None:
+        """The first `n` buffered rows are written: drop them."""
+        if n > 0:
+            del self.rows[:n]
+            self.base += n
 
     def is_eval(self, kind: int, grad: bool) -> bool:
         return (
@@ -348,7 +358,7 @@ class StepTracker:
             # t0, which is right: the loop body ended when it asked for more).
             self.open = False
             if self.on_end is not None:
-                self.on_end(len(self.rows), t0, False)
+                self.on_end(self.base + len(self.rows), t0, False)
             return
         if self.closed:
             self._commit(t0, self.excl)
@@ -456,7 +466,7 @@ class StepTracker:
         self.first_ident = ident
         self._reset_accumulators()
         if self.on_begin is not None:
-            self.on_begin(len(self.rows), t)
+            self.on_begin(self.base + len(self.rows), t)
 
     def _commit(self, end: float, excl: float) -> None:
         a, c = self.acc, self.calls
@@ -482,4 +492,4 @@ class StepTracker:
             ]
         )
         if self.on_end is not None:
-            self.on_end(len(self.rows) - 1, end, True)
+            self.on_end(self.base + len(self.rows) - 1, end, True)
