@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 from typing import Any, Optional
+
+import numpy as np
 
 from .results import (
     COL,
@@ -61,9 +62,13 @@ def fingerprint(run: RunResults) -> dict[str, Any]:
     settings = data.get("settings") or {}
     cuda = data.get("cuda") or {}
     device = data.get("device") or {}
-    samples = [
-        r[COL["samples"]] for r in (ref.rows if ref is not None else []) if r[COL["samples"]]
-    ]
+    batch_size = None
+    if ref is not None:
+        column = ref.table[:, COL["samples"]]
+        known = column[np.isfinite(column) & (column != 0)]
+        if known.size:
+            median = float(np.median(known))
+            batch_size = int(median) if median.is_integer() else median
     script = settings.get("script") or (
         f"-m {settings.get('module')}" if settings.get("module") else None
     )
@@ -75,7 +80,7 @@ def fingerprint(run: RunResults) -> dict[str, Any]:
         "torch": env.get("torch"),
         "python": env.get("python"),
         "world_size": run.world_size,
-        "batch_size": statistics.median(samples) if samples else None,
+        "batch_size": batch_size,
         "script": script,
         "script_args": list(settings.get("script_args") or []),
         "command": env.get("command"),
@@ -116,7 +121,9 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
         "version": VERSION,
         "fingerprint": fp,
         "meta": run.meta,
-        "ranks": [r.data for r in run.ranks],
+        # Each rank with its steps inline: a baseline is one file that
+        # stands alone, whatever format its run folder was written in.
+        "ranks": [r.inline() for r in run.ranks],
         "missing": run.missing,
         "history": history,
     }

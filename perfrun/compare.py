@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .analysis.summary import Report, build_report, steady_rows, step_time
+from .analysis import columns
+from .analysis.summary import Report, build_report, steady_table
 from .gate import GateResult, gate
 from .results import RunResults
 
@@ -84,8 +85,8 @@ def _gate_series(report: Report, run: RunResults) -> list[float]:
     if ref is None:
         return []
     title = report.title
-    rows = steady_rows(ref, title.warmup, title.window, title.window_excluded)
-    return [step_time(r) for r in rows]
+    counted = steady_table(ref, title.warmup, title.window, title.window_excluded)
+    return columns.step_times(counted).tolist()  # type: ignore[no-any-return]
 
 
 def compare_runs(

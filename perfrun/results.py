@@ -80,13 +80,65 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
         raise
 
 
-@dataclass
 class RankResult:
-    """One rank's results as read back from disk."""
+    """One rank's results as read back from disk.
 
-    path: str
-    data: dict[str, Any]
-    rows: list[list[Any]] = field(default_factory=list)
+    The steps are held as a (steps, STEP_COLUMNS) float64 array, `table`,
+    with NaN for a value not recorded: for a rank in format 2 it is mapped
+    from its step file, so reading a rank costs no memory until its steps
+    are used. `rows` gives the same steps as lists (None for missing), made
+    when first asked for: the analysis works on `table`; `rows` is for
+    callers that want a few steps in hand, or hand-built results.
+    """
+
+    __slots__ = ("path", "data", "steps_file", "_rows", "_table", "_n")
+
+    def __init__(
+        self,
+        path: str,
+        data: dict[str, Any],
+        rows: Optional[list[list[Any]]] = None,
+        table: Any = None,
+        steps_file: Optional[str] = None,
+        n_steps: Optional[int] = None,
+    ) -> None:
+        self.path = path
+        self.data = data
+        #: The step file the steps are read from, when they are not held.
+        self.steps_file = steps_file
+        held = table is not None or steps_file is not None
+        self._rows = None if rows is None and held else list(rows or [])
+        self._table = table
+        self._n = n_steps
+
+    @property
+    def table(self) -> Any:
+        """The steps as an array. From a step file it is mapped again at
+        each use and never kept: a report over many long ranks then holds
+        only the rank it is working on."""
+        if self._table is not None:
+            return self._table
+        if self.steps_file is not None and self._rows is None:
+            table = load_step_table(self.steps_file)
+            return table[: self._n] if self._n is not None else table
+        from .analysis.columns import as_table
+
+        self._table = as_table(self._rows or [])
+        return self._table
+
+    @property
+    def rows(self) -> list[list[Any]]:
+        if self._rows is None:
+            self._rows = table_rows(self.table)
+        return self._rows
+
+    @property
+    def n_steps(self) -> int:
+        if self._rows is not None:
+            return len(self._rows)
+        if self._n is not None:
+            return self._n
+        return int(self.table.shape[0])
 
     @property
     def rank(self) -> int:
@@ -103,6 +155,34 @@ class RankResult:
     def column(self, name: str) -> list[Any]:
         i = COL[name]
         return [row[i] for row in self.rows]
+
+    def inline(self) -> dict[str, Any]:
+        """The rank document with its steps inside it (format 1's layout,
+        which every reader takes): for a file that must stand alone, such
+        as a baseline."""
+        doc = dict(self.data)
+        doc["steps"] = {"columns": list(STEP_COLUMNS), "rows": self.rows}
+        return doc
+
+
+def table_rows(table: Any) -> list[list[Any]]:
+    import numpy as np
+
+    values = table.tolist()
+    missing = np.isnan(table)
+    if missing.any():
+        for i, j in zip(*np.nonzero(missing)):
+            values[i][j] = None
+    # Counts were written as floats: give them back as the integers they are.
+    for j in _INT_COLUMNS:
+        for row in values:
+            v = row[j]
+            if v is not None and v == v and float(v).is_integer():
+                row[j] = int(v)
+    return values
+
+
+_INT_COLUMNS = tuple(COL[c] for c in STEP_COLUMNS if c.endswith("_calls") or c == "samples")
 
 
 def load_json(path: str, missing: str = "cannot read {path}: no such file") -> Any:
@@ -140,6 +220,57 @@ def read_rank_file(path: str) -> RankResult:
     return validate(load_json(path), path)
 
 
+def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int]:
+    """The step file a format-2 rank names (beside the rank file), checked
+    once, a block of steps at a time so that checking a long rank holds
+    no more than a block: its path and how many whole steps it holds."""
+    import numpy as np
+
+    from .stepfile import StepFileError
+
+    name = data["steps"]["file"]
+    if not isinstance(name, str) or not name or os.path.basename(name) != name:
+        raise SchemaError(f"{where}steps.file", "a file name beside the rank file", shown(name))
+    step_path = os.path.join(os.path.dirname(os.path.abspath(path)), name)
+    try:
+        table = load_step_table(step_path, mapped=True)
+    except StepFileError as exc:
+        raise ResultsError(str(exc)) from None
+    n = int(table.shape[0])
+    block = 1 << 16
+    for lo in range(0, n, block):
+        part = table[lo:lo + block]
+        for column in _REQUIRED_COLUMNS:
+            bad = np.flatnonzero(np.isnan(part[:, COL[column]]))
+            if bad.size:
+                raise ResultsError(
+                    f"cannot read {step_path}: step {lo + int(bad[0])} has no {column!r} time"
+                )
+    return step_path, n
+
+
+def load_step_table(step_path: str, mapped: bool = False) -> Any:
+    """A step file's steps in STEP_COLUMNS order (stepfile.read maps the
+    file; columns it lacks are NaN, columns it has beyond them are left
+    out). Raises stepfile.StepFileError."""
+    import numpy as np
+
+    from .stepfile import StepFileError, read
+
+    columns, table = read(step_path, mapped)
+    if columns == list(STEP_COLUMNS):
+        return table
+    missing = [c for c in _REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise StepFileError(f"{step_path} has no {missing[0]!r} column")
+    index = {c: i for i, c in enumerate(columns)}
+    out = np.full((table.shape[0], len(STEP_COLUMNS)), np.nan)
+    for j, c in enumerate(STEP_COLUMNS):
+        if c in index:
+            out[:, j] = table[:, index[c]]
+    return out
+
+
 #: Step values are numbers or null (a phase not measured, no GPU timing).
 _ROW_VALUE_TYPES = frozenset((int, float, type(None)))
 #: Columns every step has: the step's span is computed from them.
@@ -166,7 +297,11 @@ def validate(data: Any, path: str, where: str = "") -> RankResult:
         raise ResultsError(f"{label} has unknown results format version {version}")
     try:
         check(data, RANK_FILE, where)
-        rows = _checked_rows(data.get("steps") or {}, f"{where}.steps" if where else "steps")
+        steps = data.get("steps") or {}
+        if isinstance(steps, dict) and "file" in steps:
+            step_path, n = _step_file(data, path, f"{where}." if where else "")
+            return RankResult(path=path, data=data, steps_file=step_path, n_steps=n)
+        rows = _checked_rows(steps, f"{where}.steps" if where else "steps")
     except SchemaError as exc:
         raise ResultsError(f"cannot read {path}: {exc}") from None
     return RankResult(path=path, data=data, rows=rows)

@@ -4,7 +4,9 @@ starts inside every rank imports nothing it does not need."""
 from __future__ import annotations
 
 FORMAT = "perfrun-results"
-VERSION = 1
+#: 2: steps in an append-only step file beside the rank file (stepfile.py);
+#: 1: steps inline, still read (and written inside baselines).
+VERSION = 2
 
 # Step columns, in row order. Phase times are exclusive (a phase nested in
 # another is subtracted from its parent); `excluded` is time inside the step's
@@ -363,7 +365,10 @@ RANK_FILE = Obj({
     })),
     "faults": ListOf(Obj({"where": STR, "count": INT, "error": Opt(STR)})),
     "notes": ListOf(STR),
-    "steps": Obj({"columns": ListOf(STR), "rows": LIST}),
+    # Format 1: the rows inline. Format 2: `file` names the step file
+    # beside the rank file (stepfile.py) and `count` the rows written to it
+    # by this save (a reader takes every whole row the file holds).
+    "steps": Obj({"columns": ListOf(STR), "rows": LIST, "file": STR, "count": INT}),
 })
 
 #: run.json, written by the launcher beside the rank files.

@@ -17,7 +17,6 @@ check.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,13 +26,14 @@ import pytest
 from test_gpu_timer import fake_torch
 
 from perfrun.launch import build_command
-from perfrun.results import COL
+from perfrun.results import COL, STEP_COLUMNS, read_rank_file
 from perfrun.runtime.agent import Agent
 from perfrun.runtime.gpu import work_device
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import BWD, DATA, FWD, OPT
 from perfrun.runtime.window import ProfilerWindow, nsys_tables
 from perfrun.settings import Settings
+from perfrun.stepfile import StepWriter, steps_path
 
 GPU = COL["gpu_dataloader"]
 
@@ -51,6 +51,9 @@ def make_agent(tmp_path: Path, torch: Any, **settings: Any) -> Agent:
     agent = Agent(payload)
     agent.torch = torch
     agent._setup_gpu_and_nvtx(torch)
+    # What Agent.start does first (the rest, signal and exit handlers, is
+    # not for a test process).
+    agent.step_writer = StepWriter(steps_path(agent.path), STEP_COLUMNS)
     return agent
 
 
@@ -65,7 +68,8 @@ def train(agent: Agent, steps: int) -> None:
 
 def rows_of(agent: Agent) -> list[list[Any]]:
     agent.tracker.finish(agent.phase_clock.now())
-    return json.loads(agent.document(final=True))["steps"]["rows"]
+    agent.write(final=True)
+    return read_rank_file(agent.path).rows
 
 
 class Model:
@@ -206,7 +210,7 @@ def test_a_flush_between_commit_and_step_end_loses_no_gpu_time(tmp_path: Path) -
     train(agent, 1)  # the timer starts at the first step's begin
 
     def flush(index: int, t: float, committed: bool) -> None:
-        agent._encode_ready(False)
+        agent._append_ready(False)
 
     # The flush thread runs right after the tracker committed the row and
     # before the timer queued its events.

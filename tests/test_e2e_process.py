@@ -28,7 +28,7 @@ import pytest
 from conftest import START_NOTICE, script_stderr
 
 from perfrun.exitcodes import ExitCode
-from perfrun.results import VERSION
+from perfrun.results import VERSION, read_rank_file
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,8 @@ def run_dir_of(log_dir: Path) -> Path:
 
 
 def rank_data(run_dir: Path, rank: int = 0) -> dict:
-    return json.loads((run_dir / f"rank{rank}.json").read_text())
+    """The rank's document as the reader sees it, its steps inline."""
+    return read_rank_file(str(run_dir / f"rank{rank}.json")).inline()
 
 
 def rows(run_dir: Path, rank: int = 0) -> list:
@@ -412,7 +413,7 @@ def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) ->
     assert result.returncode == 0, result.stderr
     assert "profiling disabled" not in result.stderr
     run_dir = run_dir_of(log)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["rank0.json", "run.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["rank0.json", "rank0.steps", "run.json"]
     data = rank_data(run_dir)
     assert len(data["steps"]["rows"]) == 6
     assert [d["num_workers"] for d in data["dataloaders"]] == [2]

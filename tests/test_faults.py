@@ -31,6 +31,7 @@ from conftest import E2E_TIMEOUT, START_NOTICE, e2e_environment, script_stderr
 
 from perfrun.analysis.summary import BOOTSTRAP_HINT
 from perfrun.exitcodes import ExitCode
+from perfrun.results import read_rank_file
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,8 @@ def run_dir_of(log_dir: Path) -> Path:
 
 
 def rank_data(run_dir: Path, rank: int = 0) -> dict:
-    return json.loads((run_dir / f"rank{rank}.json").read_text())
+    """The rank's document as the reader sees it, its steps inline."""
+    return read_rank_file(str(run_dir / f"rank{rank}.json")).inline()
 
 
 def flat(text: str) -> str:

@@ -27,6 +27,7 @@ from typing import Optional
 import pytest
 
 from perfrun.exitcodes import ExitCode
+from perfrun.results import read_rank_file
 from perfrun.runtime.lite import ended_status
 from perfrun.torchrun import argument_problem
 
@@ -162,7 +163,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def rank_data(folder: Path, rank: int = 0) -> dict:
-    return json.loads((folder / f"rank{rank}.json").read_text())
+    """The rank's document as the reader sees it, its steps inline."""
+    return read_rank_file(str(folder / f"rank{rank}.json")).inline()
 
 
 def flat(text: str) -> str:

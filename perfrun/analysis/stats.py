@@ -43,6 +43,8 @@ class Stats:
         whole column into NaN, and the count `n` says how many values were
         actually used.
         """
+        if _is_array(values):
+            return cls._of_array(values)
         clean = [float(v) for v in values if v is not None and math.isfinite(v)]
         n = len(clean)
         if n == 0:
@@ -57,6 +59,51 @@ class Stats:
         median = _clamp(statistics.median(clean), lo, hi)
         stdev = statistics.stdev(clean) if n > 1 else 0.0
         return cls(n=n, total=total, avg=avg, max=hi, min=lo, median=median, stdev=stdev)
+
+    @classmethod
+    def _of_array(cls, values: Any) -> Stats:
+        """The same figures from a numpy array, at C speed: a million steps
+        in milliseconds rather than seconds. Sums are taken in numpy's
+        extended precision (80-bit on x86: pairwise summation with a 64-bit
+        mantissa), so the total rounds to what math.fsum gives for any
+        realistic run (its error is below 1e-18 of the sum, against 1e-16
+        for one float64 rounding); the median is the same middle value(s).
+        Where the platform has no extended type (numpy's longdouble is
+        float64), the error is numpy's pairwise float64 sum's, a few units
+        in the last place."""
+        import numpy as np
+
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        clean = arr[np.isfinite(arr)]
+        n = int(clean.size)
+        if n == 0:
+            return cls()
+        total = float(clean.sum(dtype=np.longdouble))
+        lo = float(clean.min())
+        hi = float(clean.max())
+        avg = _clamp(total / n, lo, hi)
+        median = _clamp(float(np.median(clean)), lo, hi)
+        if n > 1:
+            dev = clean - total / n
+            stdev = math.sqrt(float(np.dot(dev, dev)) / (n - 1))
+        else:
+            stdev = 0.0
+        return cls(n=n, total=total, avg=avg, max=hi, min=lo, median=median, stdev=stdev)
+
+    @staticmethod
+    def avg_of(values: Any) -> Optional[float]:
+        """`Stats.of(values).avg` without the median and spread: where only
+        the average is wanted (one figure per rank of a long run)."""
+        if not _is_array(values):
+            return Stats.of(values).avg
+        import numpy as np
+
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        clean = arr[np.isfinite(arr)]
+        if not clean.size:
+            return None
+        total = float(clean.sum(dtype=np.longdouble))
+        return _clamp(total / clean.size, float(clean.min()), float(clean.max()))
 
     @property
     def empty(self) -> bool:
@@ -92,7 +139,15 @@ class Rate:
         """`work / seconds` as the average; the per-step rates give max and
         min. Rates from zero-length steps are infinite and left out rather
         than printed as `inf`."""
-        rates = [r for r in per_step if math.isfinite(r)]
+        if _is_array(per_step):
+            import numpy as np
+
+            arr = np.asarray(per_step, dtype=np.float64)
+            arr = arr[np.isfinite(arr)]
+            # Only the extremes are needed: two values, not a list of all.
+            rates = [float(arr.min()), float(arr.max())] if arr.size else []
+        else:
+            rates = [r for r in per_step if math.isfinite(r)]
         if seconds <= 0 or not math.isfinite(seconds):
             return cls(max=max(rates) if rates else None, min=min(rates) if rates else None)
         avg = work / seconds
@@ -119,6 +174,11 @@ def default_warmup(n_steps: int) -> int:
     if n_steps < 3:
         return 0
     return min(5, max(1, n_steps // 10))
+
+
+def _is_array(values: Any) -> bool:
+    """A numpy array, told apart without importing numpy."""
+    return type(values).__module__ == "numpy" and hasattr(values, "dtype")
 
 
 def _clamp(value: float, lo: float, hi: float) -> float:

@@ -29,8 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
+from perfrun.analysis import columns
 from perfrun.analysis.stats import Rate, Stats, default_warmup
-from perfrun.results import COL, PHASES, RankResult, RunResults
+from perfrun.results import COL, PHASES, RankResult, RunResults, table_rows
 from perfrun.schema import BOOTSTRAP_HINT, NO_TORCH
 
 Row = Sequence[Any]
@@ -176,6 +179,19 @@ def steady_indices(
     return [i for i in range(max(0, warmup), n_rows) if not (start <= i < end)]
 
 
+def steady_count(
+    n_rows: int,
+    warmup: int,
+    window: Optional[Sequence[int]] = None,
+    exclude_window: bool = True,
+) -> int:
+    """len(steady_indices(...)), without making the list."""
+    first = max(0, warmup)
+    start, end = (int(window[0]), int(window[1])) if (exclude_window and window) else (0, 0)
+    inside = max(0, min(n_rows, end) - max(first, start))
+    return max(0, n_rows - first) - inside
+
+
 def steady_rows(
     rank: RankResult,
     warmup: int,
@@ -188,9 +204,28 @@ def steady_rows(
     `window=None` means the rank's own recorded window; pass
     `exclude_window=False` to keep the window's steps.
     """
+    return table_rows(steady_table(rank, warmup, window, exclude_window))
+
+
+def steady_table(
+    rank: RankResult,
+    warmup: int,
+    window: Optional[Sequence[int]] = None,
+    exclude_window: bool = True,
+) -> Any:
+    """steady_rows as a table (columns.py): what the analysis works on."""
     if window is None:
         window = profiled_steps(rank)
-    return [rank.rows[i] for i in steady_indices(len(rank.rows), warmup, window, exclude_window)]
+    table = rank.table
+    n = int(table.shape[0])
+    start, end = (int(window[0]), int(window[1])) if (exclude_window and window) else (0, 0)
+    first = max(0, warmup)
+    lo, hi = max(first, start), min(n, end)
+    # Column-major: every quantity reads whole columns, which in the file's
+    # row-major layout would be strided reads across all of it.
+    if hi <= lo:  # the window is not inside the counted steps: one slice
+        return np.asfortranarray(table[first:])
+    return np.asfortranarray(np.concatenate([table[first:lo], table[hi:]]))
 
 
 # -- Perf Summary ---------------------------------------------------------------
@@ -223,27 +258,32 @@ class PerfSummary:
         }
 
 
-def perf_summary(rows: Sequence[Row]) -> PerfSummary:
-    times = [step_time(r) for r in rows]
+def perf_summary(rows: Any) -> PerfSummary:
+    """From the counted steps: a table (columns.py) or rows as lists."""
+    t = columns.as_table(rows)
+    n = int(t.shape[0])
+    times = columns.step_times(t)
     batch = Stats.of(times)
-    reader = Stats.of(phase_time(r, "dataloader") for r in rows)
+    reader = Stats.of(columns.phase_times(t, "dataloader"))
     total = batch.total or 0.0
-    ips = Rate.from_totals(len(rows), total, (1.0 / t for t in times if t > 0.0))
+    positive = times > 0.0
+    with np.errstate(divide="ignore"):
+        ips = Rate.from_totals(n, total, 1.0 / times[positive])
     samples_ips: Optional[Rate] = None
-    samples = [row_samples(r) for r in rows]
-    if rows and all(s is not None for s in samples):
-        counts = [s for s in samples if s is not None]
-        samples_ips = Rate.from_totals(
-            sum(counts), total, (s / t for s, t in zip(counts, times) if t > 0.0)
-        )
-    if not rows:
+    counts = columns.samples(t)
+    if n and not np.isnan(counts).any():
+        with np.errstate(divide="ignore"):
+            samples_ips = Rate.from_totals(
+                float(counts.sum()), total, counts[positive] / times[positive]
+            )
+    if not n:
         ratio: Optional[float] = None
     elif total <= 0.0 or reader.avg is None or batch.avg is None:
         ratio = 0.0
     else:
         ratio = reader.avg / batch.avg
     return PerfSummary(
-        steps=len(rows),
+        steps=n,
         reader_cost=reader,
         batch_cost=batch,
         ips=ips,
@@ -315,13 +355,17 @@ def _ratio(part: Optional[float], whole: Optional[float]) -> Optional[float]:
     return part / whole * 100.0
 
 
-def model_summary(rows: Sequence[Row]) -> ModelSummary:
-    step = Stats.of(step_time(r) for r in rows)
-    has_gpu = any(row_has_gpu(r) for r in rows)
-    gpu_rows = [r for r in rows if row_has_gpu(r)]
-    gpu_step = Stats.of(gpu_step_time(r) for r in gpu_rows) if has_gpu else None
+def model_summary(rows: Any) -> ModelSummary:
+    """From the counted steps: a table (columns.py) or rows as lists."""
+    t = columns.as_table(rows)
+    n = int(t.shape[0])
+    step = Stats.of(columns.step_times(t))
+    has_gpu_mask = columns.gpu_mask(t)
+    has_gpu = bool(has_gpu_mask.any())
+    g = t[has_gpu_mask]
+    gpu_step = Stats.of(columns.gpu_step_times(g)) if has_gpu else None
 
-    def gpu_pair(values: Iterable[float]) -> tuple[Optional[Stats], Optional[float]]:
+    def gpu_pair(values: Any) -> tuple[Optional[Stats], Optional[float]]:
         if gpu_step is None:
             return None, None
         stats = Stats.of(values)
@@ -329,28 +373,28 @@ def model_summary(rows: Sequence[Row]) -> ModelSummary:
 
     out = [
         ModelRow(
-            "ProfileStep", len(rows), step, _ratio(step.total, step.total),
+            "ProfileStep", n, step, _ratio(step.total, step.total),
             gpu_step, _ratio(gpu_step.total, gpu_step.total) if gpu_step else None,
         )
     ]
     for phase in PHASES:
-        cpu = Stats.of(phase_time(r, phase) for r in rows)
-        calls = sum(int(_num(r[COL[phase + "_calls"]])) for r in rows)
-        gpu, gpu_ratio = gpu_pair(gpu_phase_time(r, phase) for r in gpu_rows)
+        cpu = Stats.of(columns.phase_times(t, phase))
+        calls = columns.phase_calls(t, phase)
+        gpu, gpu_ratio = gpu_pair(columns.gpu_phase_times(g, phase) if has_gpu else None)
         out.append(
             ModelRow(PHASE_TITLES[phase], calls, cpu, _ratio(cpu.total, step.total), gpu, gpu_ratio)
         )
-    others = Stats.of(others_time(r) for r in rows)
-    gpu, gpu_ratio = gpu_pair(gpu_others_time(r) for r in gpu_rows)
+    others = Stats.of(columns.others_times(t))
+    gpu, gpu_ratio = gpu_pair(columns.gpu_others_times(g) if has_gpu else None)
     out.append(ModelRow("Others", None, others, _ratio(others.total, step.total), gpu, gpu_ratio))
-    excess = [overshoot(r) for r in rows]
-    over = [e for e in excess if e > OVERSHOOT_TOLERANCE]
+    excess = columns.overshoots(t)
+    over = excess[excess > OVERSHOOT_TOLERANCE]
     return ModelSummary(
-        steps=len(rows),
+        steps=n,
         rows=out,
         has_gpu=has_gpu,
-        overshoot_steps=len(over),
-        overshoot_max=max(over) if over else 0.0,
+        overshoot_steps=int(over.size),
+        overshoot_max=float(over.max()) if over.size else 0.0,
     )
 
 
@@ -387,7 +431,7 @@ def rank_problem(
     the new program runs without perfrun), left by `os._exit`, or could not
     write (perfrun then said so on its stderr).
     """
-    n = len(rank.rows)
+    n = rank.n_steps
     status = rank.status
     exit_info = rank.data.get("exit") or {}
     if status == "running":
@@ -501,19 +545,19 @@ def multi_rank_summary(
     live = set(alive)
     rows: list[RankRow] = []
     for rank in ranks:
-        steady = steady_rows(rank, warmup, exclude_window=exclude_window)
+        steady = steady_table(rank, warmup, exclude_window=exclude_window)
         env = rank.data.get("env") or {}
-        phase_avg = {p: Stats.of(phase_time(r, p) for r in steady).avg for p in PHASES}
+        phase_avg = {p: Stats.avg_of(columns.phase_times(steady, p)) for p in PHASES}
         rows.append(
             RankRow(
                 rank=rank.rank,
                 hostname=env.get("hostname"),
                 status=rank.status,
-                steps=len(rank.rows),
-                counted=len(steady),
-                step_avg=Stats.of(step_time(r) for r in steady).avg,
+                steps=rank.n_steps,
+                counted=int(steady.shape[0]),
+                step_avg=Stats.avg_of(columns.step_times(steady)),
                 phase_avg=phase_avg,
-                others_avg=Stats.of(others_time(r) for r in steady).avg,
+                others_avg=Stats.avg_of(columns.others_times(steady)),
                 problem=rank_problem(rank, alive=rank.rank in live),
             )
         )
@@ -930,7 +974,7 @@ def _sections(ref: Optional[RankResult]) -> dict[str, bool]:
 def _no_measurement(run: RunResults) -> Optional[str]:
     if not run.ranks:
         return "no rank wrote results"
-    if any(r.rows for r in run.ranks):
+    if any(r.n_steps for r in run.ranks):
         return None
     if not any(r.data.get("torch_imported") for r in run.ranks):
         return NO_TORCH
@@ -964,14 +1008,14 @@ def build_report(
     or the lowest rank that recorded steps when rank 0 recorded none.
     """
     ranks = list(run.ranks)
-    with_rows = [r for r in ranks if r.rows]
-    ref = next((r for r in ranks if r.rank == 0 and r.rows), None)
+    with_rows = [r for r in ranks if r.n_steps]
+    ref = next((r for r in ranks if r.rank == 0 and r.n_steps), None)
     ref = ref or (with_rows[0] if with_rows else (ranks[0] if ranks else None))
     settings = (ref.data.get("settings") if ref else None) or {}
     if not isinstance(settings, Mapping):
         settings = {}
 
-    n_rows = len(ref.rows) if ref else 0
+    n_rows = ref.n_steps if ref else 0
     warmup_default = False
     if warmup is None:
         configured = _opt_int(settings.get("warmup"))
@@ -989,20 +1033,20 @@ def build_report(
         if len(sched) == 2:
             window = (int(sched[0]), int(sched[1]))
     profiled = profiled_steps(ref) if ref else None
-    counted_idx = steady_indices(n_rows, warmup, profiled or window, exclude_window)
-    after_warmup = steady_indices(n_rows, warmup)
+    counted = steady_count(n_rows, warmup, profiled or window, exclude_window)
+    after_warmup = steady_count(n_rows, warmup)
     title = Title(
         command=_command(run, ref),
         run_dir=run.run_dir,
         world_size=run.world_size,
         rank=ref.rank if ref else None,
         steps_recorded=n_rows,
-        steps_counted=len(counted_idx),
+        steps_counted=counted,
         warmup=warmup,
         warmup_default=warmup_default,
         window=window,
         window_excluded=exclude_window,
-        window_steps=len(after_warmup) - len(counted_idx),
+        window_steps=after_warmup - counted,
         profiled=profiled or window,
     )
     report = Report(title=title, sections=_sections(ref))
@@ -1032,11 +1076,11 @@ def build_report(
     from perfrun.analysis.window import window_report
 
     report.window = window_report(ranks, ref, window, warmup)
-    if ref is not None and ref.rows:
-        rows = [ref.rows[i] for i in counted_idx]
-        report.perf = perf_summary(rows)
-        report.model = model_summary(rows)
-        if not rows:
+    if ref is not None and ref.n_steps:
+        counted = steady_table(ref, warmup, profiled or window, exclude_window)
+        report.perf = perf_summary(counted)
+        report.model = model_summary(counted)
+        if not counted.shape[0]:
             report.notes.append(
                 f"all {_steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
                 "or the detailed window: nothing left to summarise (lower --warmup)"

@@ -4,12 +4,14 @@ profiler trace) and their step rows."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from perfrun.analysis.summary import ModelSummary, model_summary, step_time
+import numpy as np
+
+from perfrun.analysis import columns
+from perfrun.analysis.summary import ModelSummary, model_summary, steady_table
 from perfrun.results import RankResult
 
 # --sort-by key -> the field of a table row it sorts on (descending, except name).
@@ -103,27 +105,28 @@ def window_report(
         summary = rank.data.get("window_summary")
         if isinstance(summary, dict):
             report.ranks.append(RankWindow(rank.rank, summary))
-    rows = ref.rows
-    inside = [rows[i] for i in range(start, min(end, len(rows)))]
+    table = ref.table
+    n_steps = int(table.shape[0])
+    inside = table[start:max(start, min(end, n_steps))]
     first = start
     profiled = ref.data.get("profiled")
     if isinstance(profiled, (list, tuple)) and len(profiled) == 2 and isinstance(profiled[0], int):
         first = min(start, profiled[0])  # the profiler's warm-up step is no outside step
-    outside = [rows[i] for i in range(warmup, len(rows)) if not first <= i < end]
-    if inside:
+    outside = steady_table(ref, warmup, (first, end))
+    if inside.shape[0]:
         report.model = model_summary(inside)
-        report.window_median = statistics.median(step_time(r) for r in inside)
-    if outside:
-        report.outside_median = statistics.median(step_time(r) for r in outside)
-    if len(rows) <= start:
+        report.window_median = float(np.median(columns.step_times(inside)))
+    if outside.shape[0]:
+        report.outside_median = float(np.median(columns.step_times(outside)))
+    if n_steps <= start:
         report.warnings.append(
             f"the detailed window [{start}, {end}) starts after the script's last step: "
-            f"only {len(rows)} steps ran, so nothing was recorded (lower --scheduler)"
+            f"only {n_steps} steps ran, so nothing was recorded (lower --scheduler)"
         )
-    elif len(rows) < end:
+    elif n_steps < end:
         report.warnings.append(
             f"the script ended inside the detailed window [{start}, {end}): steps "
-            f"{start}..{len(rows) - 1} were recorded"
+            f"{start}..{n_steps - 1} were recorded"
         )
     if settings.get("nsys"):
         report.notes.append(
@@ -132,7 +135,7 @@ def window_report(
             "in the nsys report, nsys/rank<R>.nsys-rep in the run folder (open it in Nsight "
             "Systems, or `nsys stats` it)"
         )
-    if not report.ranks and len(rows) > start:
+    if not report.ranks and n_steps > start:
         report.warnings.append("no window tables: the profiler recorded nothing (see notes)")
     return report
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from .. import __version__
 from ..results import COL, FORMAT, STEP_COLUMNS, VERSION, atomic_write_text, rank_filename
 from ..settings import Settings
+from ..stepfile import StepWriter, steps_path
 from . import hooks
 from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
@@ -34,7 +35,6 @@ from .modules import ModuleRanges, RootTracker
 from .steps import StepTracker
 
 _GPU_COL = COL["gpu_dataloader"]
-_SAMPLES_COL = COL["samples"]
 
 
 class Agent:
@@ -59,6 +59,9 @@ class Agent:
         self.hooks_state = HookState()
         self.tracker = StepTracker(self.settings.step_on, self._step_begin, self._step_end)
         self.tracker.on_relabel = self._relabel
+        # --batch-size: every step's samples, written as the step commits
+        # (a committed step may be taken by the writer at any moment).
+        self.tracker.fixed_samples = self.settings.batch_size
         self.phase_clock = PhaseClock(self.tracker)
         # What the hooks report edges to: the phase clock itself, or, when
         # nothing needs a step boundary the moment it happens (timer-only,
@@ -91,8 +94,7 @@ class Agent:
         self._begin_listeners: list[Callable[[int, float], None]] = []
         self._end_listeners: list[Callable[[int, float, bool], None]] = []
         self._undo: list[Any] = []
-        self._chunks: list[str] = []
-        self._n_encoded = 0
+        self.step_writer: Optional[StepWriter] = None
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -108,6 +110,7 @@ class Agent:
             # torch.profiler's backend logs its start and stop on stderr;
             # without perfrun the script would print no such lines.
             os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+        self.step_writer = StepWriter(steps_path(self.path), STEP_COLUMNS)
         self.write()
         atexit.register(self._atexit)
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -208,7 +211,7 @@ class Agent:
             torch,
             device_of=self.cuda_device,
             on_fault=self._gpu_fault,
-            first_row=len(self.tracker.rows),
+            first_row=self.tracker.current_index,
         )
         self.gpu_timer = timer
         self._begin_listeners.append(timer.step_begin)
@@ -291,8 +294,6 @@ class Agent:
                 self.record_fault("modules", exc)
 
     def _step_end(self, index: int, t: float, committed: bool) -> None:
-        if committed and not self.count_samples:
-            self.tracker.rows[index][_SAMPLES_COL] = self.settings.batch_size
         for listener in self._end_listeners:
             listener(index, t, committed)
 
@@ -349,32 +350,40 @@ class Agent:
             except Exception as exc:
                 self.record_fault("flush", exc)
 
-    def _encode_ready(self, final: bool) -> None:
-        rows = self.tracker.rows
-        n = len(rows)
-        ready = n
+    def _append_ready(self, final: bool) -> None:
+        """Append the steps that are final to the step file and let the
+        tracker drop them: what the rank holds stays what it has not yet
+        written, and a flush costs what is new."""
+        writer = self.step_writer
+        if writer is None:
+            return
+        tracker = self.tracker
+        rows = tracker.rows
+        base = tracker.base
+        ready = base + len(rows)
         timer = self.gpu_timer
         if timer is not None:
             try:
-                ready = timer.resolve(rows, _GPU_COL)
+                ready = timer.resolve(rows, _GPU_COL, base)
             except Exception as exc:
                 self._gpu_fault("cuda", exc)
             if final:
-                ready = n
-        if ready <= self._n_encoded:
+                ready = base + len(rows)
+        k = ready - base
+        if k <= 0:
             return
         t0 = self.t0
         out = []
-        for row in rows[self._n_encoded : ready]:
+        for row in rows[:k]:
             r = list(row)
-            r[0] = round(r[0] - t0, 7)
-            r[1] = round(r[1] - t0, 7)
+            r[0] -= t0
+            r[1] -= t0
             out.append(r)
-        self._chunks.append(json.dumps(out, separators=(",", ":"))[1:-1])
-        self._n_encoded = ready
+        writer.append(out)
+        tracker.take(k)
 
-    def document(self, final: bool = False) -> str:
-        self._encode_ready(final)
+    def document(self) -> str:
+        writer = self.step_writer
         device = self.sampler.summary() if self.sampler is not None else None
         doc = {
             "format": FORMAT,
@@ -428,14 +437,23 @@ class Agent:
             "device": device,
             "faults": [{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
             "notes": list(self.notes),
-            "steps": {"columns": list(STEP_COLUMNS), "rows": "@ROWS@"},
+            "steps": {
+                "columns": list(STEP_COLUMNS),
+                "file": os.path.basename(writer.path) if writer is not None else None,
+                "count": writer.written if writer is not None else 0,
+            },
         }
-        text = json.dumps(doc, default=str)
-        return text.replace('"@ROWS@"', "[" + ",".join(c for c in self._chunks if c) + "]", 1)
+        return json.dumps(doc, default=str)
 
     def write(self, final: bool = False) -> None:
+        """Save: the new steps appended first, then the rank file rewritten
+        (a few kilobytes, whatever the run's length), so the rank file never
+        counts a step its step file lacks."""
         with self._write_lock:
-            atomic_write_text(self.path, self.document(final), durable=final)
+            self._append_ready(final)
+            if final and self.step_writer is not None:
+                self.step_writer.sync()
+            atomic_write_text(self.path, self.document(), durable=final)
 
     def _env(self) -> dict[str, Any]:
         return {

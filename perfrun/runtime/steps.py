@@ -110,6 +110,9 @@ class StepTracker:
         # rank holds only what it has not written, however long the run.
         self.rows: list[list] = []
         self.base = 0
+        # Samples of every step when the user gave the batch size (else
+        # counted from the batches fetched).
+        self.fixed_samples: Optional[int] = None
         # What the script has shown so far.
         self.optimizer_seen = False  # set by the hooks when an optimizer is built
         self.training_seen = False  # a backward or optimizer step ran
@@ -483,7 +486,7 @@ class StepTracker:
                 c[1],
                 c[2],
                 c[3],
-                self.samples,
+                self.samples if self.fixed_samples is None else self.fixed_samples,
                 None,
                 None,
                 None,

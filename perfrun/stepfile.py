@@ -1,0 +1,194 @@
+"""The step file: a rank's step records, appended during the run.
+
+`rank<R>.json` (results.py) holds what a rank knows of itself, rewritten
+whole at each flush; it stays a few kilobytes however long the run. The
+steps go beside it, in `rank<R>.steps`, appended in chunks: a flush costs
+what is new since the last one, never the run's length, and the rank keeps in
+memory only the steps it has not yet written.
+
+Layout, chosen so that a kill at any moment leaves a readable file and a
+reader needs no parser for the bulk of it:
+
+* one header line of JSON (``{"format": "perfrun-steps", "version": 1,
+  "columns": [...], "dtype": "<f8"}``), padded with spaces so that the rows
+  after it start on an 8-byte boundary, ending in a newline;
+* then the rows, each `len(columns)` float64 values in the byte order the
+  header names, null written as NaN (no value perfrun records is ever NaN).
+
+A row cut short by a kill in the middle of a write is dropped by the reader;
+every whole row before it is kept. Binary rather than JSON lines: 1,000,000
+steps of 17 columns are 136 MB read in one call (numpy.fromfile, or a
+memory map that costs no memory of its own), where parsing the same as JSON
+takes seconds; float64 rather than float32 keeps times exact as recorded
+(a float32 loses microseconds on a phase minutes long).
+
+The writer side is imported inside the training process and uses only the
+standard library; readers use numpy, on the launcher's side only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from array import array
+from collections.abc import Sequence
+from itertools import chain
+from typing import Any, Optional
+
+FORMAT = "perfrun-steps"
+VERSION = 1
+SUFFIX = ".steps"
+#: The longest header a reader accepts: a file that has no newline this
+#: early is no step file.
+MAX_HEADER = 65536
+_NAN = math.nan
+
+
+class StepFileError(Exception):
+    """A step file cannot be read; the message is one line for the user."""
+
+
+def steps_path(json_path: str) -> str:
+    """The step file that goes with a rank's `rank<R>[.restart<K>].json`."""
+    stem = json_path[:-5] if json_path.endswith(".json") else json_path
+    return stem + SUFFIX
+
+
+def header(columns: Sequence[str]) -> bytes:
+    """The header line for `columns`, padded to a multiple of 8 bytes."""
+    dtype = ("<" if sys.byteorder == "little" else ">") + "f8"
+    text = json.dumps(
+        {"format": FORMAT, "version": VERSION, "columns": list(columns), "dtype": dtype},
+        separators=(",", ":"),
+    )
+    pad = (-(len(text) + 1)) % 8
+    return (text + " " * pad + "\n").encode("ascii")
+
+
+def encode(rows: Sequence[Sequence[Any]], width: int) -> bytes:
+    """Rows as packed float64, None as NaN. A row of another width would
+    shift every row after it, so it is refused here rather than on reading."""
+    for row in rows:
+        if len(row) != width:
+            raise ValueError(f"a step row of {len(row)} values, not {width}")
+    flat = [_NAN if v is None else v for v in chain.from_iterable(rows)]
+    return array("d", flat).tobytes()
+
+
+class StepWriter:
+    """Appends rows to one step file. Not thread-safe: the agent calls it
+    under its write lock."""
+
+    def __init__(self, path: str, columns: Sequence[str]) -> None:
+        self.path = path
+        self.width = len(columns)
+        self.written = 0
+        self.bytes = 0
+        # O_APPEND: each chunk lands at the end even if a reader or an
+        # earlier process touched the file; not inherited across exec.
+        self._fd: Optional[int] = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666
+        )
+        self._write(header(columns))
+
+    def _write(self, data: bytes) -> None:
+        fd = self._fd
+        if fd is None:
+            raise ValueError(f"{self.path} is closed")
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        self.bytes += len(data)
+
+    def append(self, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self._write(encode(rows, self.width))
+            self.written += len(rows)
+
+    def sync(self) -> None:
+        """Make what was written survive the machine (the final save)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+# -- reading (launcher side) -----------------------------------------------------
+
+
+def read_header(path: str) -> tuple[dict[str, Any], int]:
+    """The header of a step file and the offset of its first row."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(MAX_HEADER)
+    except FileNotFoundError:
+        raise StepFileError(f"cannot read {path}: no such file (the step file of a rank "
+                            "file; copy both)") from None
+    except OSError as exc:
+        raise StepFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    end = head.find(b"\n")
+    if end < 0:
+        raise StepFileError(f"{path} is not a perfrun step file (no header)")
+    try:
+        meta = json.loads(head[:end].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise StepFileError(f"{path} is not a perfrun step file (bad header)") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise StepFileError(f"{path} is not a perfrun step file")
+    version = meta.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StepFileError(f"{path} has no step file version")
+    if version > VERSION:
+        raise StepFileError(
+            f"{path} has step file version {version}; this perfrun reads up to version "
+            f"{VERSION}: upgrade perfrun"
+        )
+    columns = meta.get("columns")
+    if (not isinstance(columns, list) or not columns
+            or not all(isinstance(c, str) for c in columns)):
+        raise StepFileError(f"{path} has no column names in its header")
+    if meta.get("dtype") not in ("<f8", ">f8"):
+        raise StepFileError(f"{path} has values of type {meta.get('dtype')!r}, not float64")
+    if (end + 1) % 8:
+        raise StepFileError(f"{path} has a damaged header (rows not aligned)")
+    return meta, end + 1
+
+
+def read(path: str, mapped: bool = False) -> tuple[list[str], Any]:
+    """The column names and the rows of a step file, as a (rows, columns)
+    float64 array. A partial last row (a write cut short) is left out.
+
+    `mapped`: a read-only memory map of the file, which costs no memory of
+    its own (for a pass over the file in blocks); else the rows are read
+    into memory in one call, several times faster to compute on than the
+    page faults of a map touched everywhere."""
+    import numpy as np
+
+    meta, offset = read_header(path)
+    columns = list(meta["columns"])
+    width = len(columns)
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise StepFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    n = max(0, size - offset) // (8 * width)
+    dtype = np.dtype(meta["dtype"])
+    if n == 0:
+        return columns, np.empty((0, width), dtype=np.float64)
+    try:
+        if mapped:
+            data = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n, width))
+        else:
+            data = np.fromfile(path, dtype=dtype, count=n * width, offset=offset)
+            data = data.reshape(n, width)
+    except (OSError, ValueError) as exc:
+        raise StepFileError(f"cannot read {path}: {exc}") from None
+    if dtype != np.float64:  # the other byte order: convert (a copy)
+        return columns, np.asarray(data, dtype=np.float64)
+    return columns, data
