@@ -52,8 +52,9 @@ def render_run(
     report.view = dict(view or {})
     with _destination(output) as stream:
         if fmt == "json":
-            # The merged results, not just the summaries: every rank's raw
-            # per-step records travel with the report.
+            # The merged results, not just the summaries: every rank's
+            # document, and where its per-step records are (its step file:
+            # a long run's millions of steps do not belong in a report).
             import json
 
             from .report.jsonout import render_json
@@ -63,7 +64,7 @@ def render_run(
                 "run_dir": run.run_dir,
                 "meta": run.meta,
                 "missing_ranks": run.missing,
-                "ranks": [r.data for r in run.ranks],
+                "ranks": [_with_step_path(r) for r in run.ranks],
             }
             stream.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
             stream.flush()
@@ -74,22 +75,66 @@ def render_run(
     return report
 
 
-def live_ranks(run: Any) -> set[int]:
+def _with_step_path(rank: Any) -> dict[str, Any]:
+    """A rank's document for the JSON report: format 2's steps with the
+    step file's full path added (format 1's rows are inline already)."""
+    if rank.steps_file is None:
+        return rank.data  # type: ignore[no-any-return]
+    steps = dict(rank.data.get("steps") or {}, path=os.path.abspath(rank.steps_file))
+    return dict(rank.data, steps=steps)
+
+
+def live_ranks(run: Any, now: Optional[float] = None) -> set[int]:
     """Ranks of a run still in progress: a `running` rank whose process is
     alive on this machine (a report taken during the run). A rank on
-    another host cannot be asked, and is not counted; a run whose launcher
-    recorded its end has none."""
+    another host cannot be asked: in a multi-node job folder it counts as
+    running while its node's launcher has recorded no end and its file was
+    written in the last RANK_FRESH seconds (a live rank rewrites it every
+    few). A run whose launchers all recorded their end has none."""
+    import time
+
     from .results import rank_alive
 
     if run.meta.get("returncode") is not None:
         return set()
-    return {
-        rank.rank
-        for rank in run.ranks
-        if rank.status == "running"
-        and (rank.data.get("env") or {}).get("pid") != os.getpid()
-        and rank_alive(rank)
-    }
+    nodes = run.meta.get("nodes") if isinstance(run.meta.get("nodes"), dict) else {}
+    now = time.time() if now is None else now
+    live = set()
+    for rank in run.ranks:
+        if rank.status != "running" or (rank.data.get("env") or {}).get("pid") == os.getpid():
+            continue
+        alive = rank_alive(rank)
+        if alive is None and nodes:
+            alive = _node_running(rank, nodes) and _written_since(rank.path, now - RANK_FRESH)
+        if alive:
+            live.add(rank.rank)
+    return live
+
+
+#: How recently a rank on another host must have written its file to count
+#: as running (it flushes every 2 seconds).
+RANK_FRESH = 60.0
+
+
+def _node_running(rank: Any, nodes: dict[str, Any]) -> bool:
+    """Whether the launcher of the node `rank` ran on has recorded no end:
+    the node found by the --node-rank in the rank's settings, else by host."""
+    node_rank = (rank.data.get("settings") or {}).get("node_rank")
+    host = (rank.data.get("env") or {}).get("hostname")
+    for key, node in nodes.items():
+        if not isinstance(node, dict):
+            continue
+        mine = str(node_rank) == key if node_rank is not None else node.get("host") == host
+        if mine:
+            return not isinstance(node.get("returncode"), int)
+    return False
+
+
+def _written_since(path: str, since: float) -> bool:
+    try:
+        return os.stat(path).st_mtime >= since
+    except OSError:
+        return False
 
 
 def _never_imported_torch(run: Any) -> bool:
@@ -97,7 +142,7 @@ def _never_imported_torch(run: Any) -> bool:
     nothing to analyse, so the report needs none of the analysis or table
     machinery (and a script that never imports torch is not slowed by it)."""
     return bool(run.ranks) and not run.missing and all(
-        not r.rows and not r.data.get("torch_imported") and r.status == "finished"
+        not r.n_steps and not r.data.get("torch_imported") and r.status == "finished"
         and not (r.data.get("exit") or {}).get("exception")
         for r in run.ranks
     )
@@ -183,7 +228,7 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         failed = failed or ExitCode.INTERNAL
     _say(f"results saved in {outcome.run_dir}")
     if settings.distributed and returncode != 0:
-        signum = _rank_signal(outcome.run_dir)
+        signum = _rank_signal(outcome.run_dir, outcome.status_path)
         if signum:
             returncode = -signum
     if returncode == 0 and failed is not None:
@@ -260,7 +305,7 @@ def _unwritable_outputs(settings: Settings) -> Optional[str]:
     return None
 
 
-def _rank_signal(run_dir: str) -> int:
+def _rank_signal(run_dir: str, status_path: Optional[str] = None) -> int:
     """torchrun exits 1 whatever a rank did: find the signal that ended the
     run. First torchrun's own record of its first failed worker (written by
     perfrun.torchrun: a negative status is a signal, SIGKILL included), then
@@ -271,7 +316,7 @@ def _rank_signal(run_dir: str) -> int:
     from .launch import TORCHRUN_STATUS
 
     try:
-        with open(os.path.join(run_dir, TORCHRUN_STATUS), encoding="utf-8") as f:
+        with open(status_path or os.path.join(run_dir, TORCHRUN_STATUS), encoding="utf-8") as f:
             status = json.load(f)
         first = status["failures"][status["first"]]["exitcode"]
         return -int(first) if int(first) < 0 else 0
@@ -557,3 +602,50 @@ def analyze(
         _say(f"report written to {output}")
     return ExitCode.OK
 
+
+def combine(paths: list[str], output: Optional[str] = None) -> int:
+    """`perfrun combine`: merge the run folders of one job, copied from its
+    nodes, into a new folder (perfrun/combine.py decides what goes in).
+    Exit 66 when a folder cannot be read, 71 when they are different jobs'
+    runs, 64 when the output folder exists or cannot be written."""
+    from . import combine as combining
+
+    if output is not None and os.path.exists(output) and not (
+        os.path.isdir(output) and not os.listdir(output)
+    ):
+        _say(f"error: {output} already exists; combine writes a new folder: give another -o "
+             "or remove it first")
+        return ExitCode.CONFIG
+    sources = []
+    seen = set()
+    try:
+        for path in paths:
+            run_dir = resolve_run_dir(path)
+            real = os.path.realpath(run_dir)
+            if real in seen:
+                continue  # the same folder given twice is one folder
+            seen.add(real)
+            sources.append(combining.read_source(run_dir))
+    except combining.CombineError as exc:
+        _say(f"error: {exc}")
+        return exc.code
+    problem = combining.mixed_jobs([combining.facts_of(s) for s in sources])
+    if problem:
+        _say(f"error: cannot combine: {problem}")
+        return ExitCode.MIXED_RUNS
+    plan = combining.plan(sources)
+    if output is None:
+        name = plan.meta.get("job", {}).get("name") or os.path.basename(
+            os.path.normpath(sources[0].path))
+        output = combining.default_output(
+            os.path.join("perfrun_log", f"combined-{name}"), os.path.exists
+        )
+    try:
+        combining.write(plan, output)
+    except OSError as exc:
+        _say(f"error: cannot write {output}: {exc.strerror or exc}")
+        return ExitCode.CONFIG
+    for line in combining.outcome_lines(plan, len(sources), output):
+        _say(line)
+    _say(f"see it with: perfrun report {output}")
+    return ExitCode.OK

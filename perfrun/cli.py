@@ -32,7 +32,7 @@ from .settings import (
     parse_override,
 )
 
-COMMANDS = ("run", "report", "compare", "analyze")
+COMMANDS = ("run", "report", "compare", "analyze", "combine")
 #: `run --format`: the report formats, and JUnit for a gated run.
 RUN_FORMATS = (*FORMATS, "junit")
 #: Set to 1 to see the traceback of perfrun's own internal errors.
@@ -84,6 +84,14 @@ def _run_options(f: Any) -> Any:
             default=None,
             help="Where runs are saved (default ./perfrun_log); one folder per run, "
             "and a `latest` link.",
+        ),
+        click.option(
+            "--keep",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Runs kept in the log folder: the oldest beyond N are removed when a run "
+            "starts (default 20; 0 keeps all).",
         ),
         click.option(
             "--config",
@@ -180,6 +188,14 @@ def _run_options(f: Any) -> Any:
             help="Write the report to FILE instead of standard output.",
         ),
         click.option("--flush-interval", type=float, default=None, hidden=True),
+        click.option(
+            "--max-trace-mb",
+            type=float,
+            default=None,
+            metavar="MB",
+            help="Detailed window: the most MiB a rank's trace file may take; a larger trace "
+            "keeps the window's first steps (default 100; 0: no bound).",
+        ),
         click.option("--with-stack", is_flag=True, help="Detailed window: record Python stacks."),
         click.option("--with-flops", is_flag=True, help="Detailed window: estimate FLOPs per op."),
         click.option(
@@ -274,6 +290,7 @@ def cli() -> None:
     perfrun report perfrun_log                re-print the tables of the latest run
     perfrun compare base.json perfrun_log     the CI gate: is this run slower?
     perfrun analyze rank0.json.gz rank1.json.gz   window tables of torch.profiler traces
+    perfrun combine node0/job-x node1/job-x   one folder from the nodes' run folders
 
     `perfrun run --help` lists the options of a run (they also work without
     the word `run`).
@@ -323,6 +340,24 @@ def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **
     from . import api
 
     return api.analyze(list(traces), fmt=fmt, output=output, view=_view(view))
+
+
+@cli.command("combine")
+@click.argument("run_dirs", nargs=-1, required=True, metavar="DIR...")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    metavar="OUT",
+    default=None,
+    help="The folder to create (default ./perfrun_log/combined-JOB); never an existing one.",
+)
+def combine_command(run_dirs: tuple[str, ...], output: Optional[str]) -> int:
+    """Merge the run folders of one multi-node job, copied from its nodes,
+    into one folder that `perfrun report` reads as the whole job."""
+    from . import api
+
+    return api.combine(list(run_dirs), output)
 
 
 @cli.command("compare")
@@ -417,6 +452,8 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "module_depth": opts.get("module_depth"),
         "baseline": opts.get("baseline"),
         "max_regression": _parse_threshold(opts.get("max_regression")),
+        "keep": opts.get("keep"),
+        "max_trace_mb": opts.get("max_trace_mb"),
     }
     changes.update({k: v for k, v in direct.items() if v is not None})
     if opts.get("timer_only"):

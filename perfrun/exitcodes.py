@@ -39,3 +39,7 @@ class ExitCode(enum.IntEnum):
     INCONCLUSIVE = 69
     #: perfrun itself failed unexpectedly (a bug: please report it).
     INTERNAL = 70
+    #: `perfrun combine` was given run folders of different jobs (their job
+    #: ids, scripts or world sizes differ, or they are separate runs of one
+    #: node): one report of them would mix ranks that never ran together.
+    MIXED_RUNS = 71

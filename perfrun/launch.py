@@ -65,6 +65,8 @@ class Outcome:
     returncode: int
     command: list[str]
     elapsed: float
+    #: Where perfrun.torchrun records how failed workers ended (torchrun only).
+    status_path: Optional[str] = None
 
 
 def check_target(settings: Settings) -> None:
@@ -134,6 +136,11 @@ def prepare_run_dir(log_dir: str) -> str:
         raise LaunchError(
             f"cannot write to the log folder {log_dir}: {exc.strerror or exc}", ExitCode.CONFIG
         ) from None
+    _point_latest(log_dir, run_dir)
+    return run_dir
+
+
+def _point_latest(log_dir: str, run_dir: str) -> None:
     latest = os.path.join(log_dir, "latest")
     try:
         tmp = latest + f".tmp{os.getpid()}"
@@ -141,7 +148,88 @@ def prepare_run_dir(log_dir: str) -> str:
         os.replace(tmp, latest)
     except OSError:
         pass  # a filesystem without links: `perfrun report` takes the run folder
-    return run_dir
+
+
+@dataclass
+class RunFolder:
+    """Where a run's files go, and, for a node of a multi-node job, which
+    job and which node (see perfrun/job.py)."""
+
+    path: str
+    #: The node's key in the job folder (`nodes/node<K>.json`), or None for
+    #: a run of one node in a folder of its own.
+    node: Optional[str] = None
+    job: Optional[dict[str, Any]] = None
+    #: Earlier folders of the same job name passed over, and why.
+    skipped: tuple[str, ...] = ()
+
+
+def _target(settings: Settings) -> list[str]:
+    if settings.script is not None:
+        return [settings.script, *settings.script_args]
+    return ["-m", str(settings.module), *settings.script_args]
+
+
+def prepare_job_dir(settings: Settings) -> RunFolder:
+    """The folder of this node's multi-node job, shared by every node whose
+    --log-dir is the same shared folder: named from the job, never from
+    this node's clock (perfrun/job.py). Fails here, before the script
+    starts, if it cannot be written."""
+    import socket
+
+    from . import job as jobs
+    from .exitcodes import ExitCode
+
+    name = jobs.job_name(
+        settings.rdzv_id, os.environ, settings.rdzv_endpoint, settings.master_addr,
+        settings.master_port, settings.nnodes, settings.nproc_per_node, _target(settings),
+    )
+    key = jobs.node_key(settings.node_rank, socket.gethostname(), os.getpid())
+    try:
+        os.makedirs(settings.log_dir, exist_ok=True)
+        run_dir, skipped = jobs.choose_job_folder(settings.log_dir, name, key)
+        probe = os.path.join(run_dir, jobs.NODES_DIR, f".probe{key}")
+        with open(probe, "w") as f:
+            f.write("x" * 4096)
+        os.unlink(probe)
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot write to the log folder {settings.log_dir}: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            ExitCode.CONFIG,
+        ) from None
+    _point_latest(settings.log_dir, run_dir)
+    facts = jobs.job_facts(name, settings.nnodes, settings.nproc_per_node, _target(settings))
+    return RunFolder(run_dir, key, facts, tuple(skipped))
+
+
+def run_folder(settings: Settings) -> RunFolder:
+    from .job import is_multinode
+
+    if is_multinode(settings.nnodes, settings.distributed):
+        return prepare_job_dir(settings)
+    return RunFolder(prepare_run_dir(settings.log_dir))
+
+
+def start_notice(settings: Settings, folder: RunFolder) -> str:
+    """The line that names the run folder before the script starts; for a
+    node of a job, also the job, so the other nodes' users can check they
+    joined the same one."""
+    target = settings.script or f"-m {settings.module}"
+    line = f"perfrun: profiling {target}; results in {folder.path}"
+    job = folder.job
+    if job is not None:
+        if job.get("source") == "derived":
+            named = (f"job {job['name']}, named from the rendezvous address and the command "
+                     "line (--rdzv-id ID names it)")
+        else:
+            source = "--rdzv-id" if job.get("source") == "rdzv-id" else f"${job.get('source')}"
+            named = f"job {job['id']} from {source}"
+        line += (f" ({named}; node {folder.node} of {job.get('nnodes')}; every node of the job "
+                 "writes here)")
+        if folder.skipped:
+            line += f"; passed over earlier runs of it: {', '.join(folder.skipped[:3])}"
+    return line
 
 
 def expected_ranks(settings: Settings) -> int:
@@ -247,13 +335,15 @@ def _signal_name(signum: int) -> str:
 
 
 def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome:
+    import socket
+
     check_target(settings)
     check_torchrun(settings)
-    run_dir = prepare_run_dir(settings.log_dir)
+    folder = run_folder(settings)
+    run_dir = folder.path
     if not settings.quiet:
         # Where the results go, before the script's first line of output.
-        target = settings.script or f"-m {settings.module}"
-        sys.stderr.write(f"perfrun: profiling {target}; results in {run_dir}\n")
+        sys.stderr.write(start_notice(settings, folder) + "\n")
         sys.stderr.flush()
     if settings.nsys:
         os.makedirs(os.path.join(run_dir, "nsys"), exist_ok=True)
@@ -266,8 +356,14 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "launcher_pid": os.getpid(),
     }
     env = child_environment(settings, run_dir, BOOT_DIR, extra=extra)
+    status_path: Optional[str] = None
     if settings.distributed:
-        env["PERFRUN_TORCHRUN_STATUS"] = os.path.join(run_dir, TORCHRUN_STATUS)
+        # One per node: in a job folder every node's agent writes its own.
+        name = TORCHRUN_STATUS if folder.node is None else (
+            f"nodes/torchrun-status.node{folder.node}.json"
+        )
+        status_path = os.path.join(run_dir, name)
+        env["PERFRUN_TORCHRUN_STATUS"] = status_path
     meta: dict[str, Any] = {
         "git": _git_state(settings) if (settings.baseline or settings.save_baseline) else {},
         "command": command_line,
@@ -276,9 +372,15 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "nnodes": settings.nnodes,
         "launcher": launcher,
         "started": time.time(),
+        # Whose run it is: retention asks this process whether the run is over.
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
     }
-    meta_path = os.path.join(run_dir, "run.json")
-    atomic_write_text(meta_path, json.dumps(meta, indent=1))
+    if folder.node is not None:
+        meta["node_rank"] = settings.node_rank
+    write_meta = _meta_writer(run_dir, folder)
+    write_meta(meta)
+    _prune(settings, run_dir)
 
     # Handlers go in before the child starts; a signal that arrives before
     # there is a child to pass it to waits for it.
@@ -326,8 +428,39 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         # What perfrun was sent and passed on: the child's status then says
         # how the child took it.
         meta["signals"] = [_signal_name(s) for s in received]
-    atomic_write_text(meta_path, json.dumps(meta, indent=1))
-    return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed)
+    write_meta(meta)
+    return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed,
+                   status_path=status_path)
+
+
+def _meta_writer(run_dir: str, folder: RunFolder) -> Any:
+    """How this launcher records the run: run.json of its own, or, for a
+    node of a job, its node's record and run.json merged from all nodes'."""
+    if folder.node is None:
+        path = os.path.join(run_dir, "run.json")
+        return lambda meta: atomic_write_text(path, json.dumps(meta, indent=1))
+    from .job import write_run_meta
+
+    node, job = folder.node, folder.job or {}
+    return lambda meta: write_run_meta(run_dir, node, meta, job)
+
+
+def _prune(settings: Settings, run_dir: str) -> None:
+    """Retention, once this run's folder exists: never a reason for the run
+    not to start."""
+    from .retention import prune, removal_note
+
+    try:
+        removed = prune(settings.log_dir, settings.keep, os.path.basename(run_dir))
+    except OSError as exc:
+        sys.stderr.write(f"perfrun: note: could not prune {settings.log_dir}: {exc}\n")
+        return
+    if removed:
+        # Always said, -q or not: perfrun deleted something.
+        sys.stderr.write(
+            f"perfrun: note: {removal_note(removed, settings.log_dir, settings.keep)}\n"
+        )
+        sys.stderr.flush()
 
 
 def exit_like(returncode: int) -> int:

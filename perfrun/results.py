@@ -387,9 +387,13 @@ def read_run(run_dir: str) -> RunResults:
     expected = int(meta.get("expected_ranks") or 0)
     world = max([int(r.data.get("world_size", 1)) for r in ranks] + [expected, 0])
     missing = [r for r in range(world) if r not in by_rank]
-    if str(meta.get("nnodes") or "1") != "1":
-        # Several nodes: each node's perfrun sees its own ranks only; the
-        # others' are not missing, they are in the other nodes' run folders.
+    job = meta.get("job") if isinstance(meta.get("job"), dict) else {}
+    if str(meta.get("nnodes") or "1") != "1" and not isinstance(job.get("world_size"), int):
+        # Several nodes with no job-wide record (a folder from before job
+        # folders, or an elastic MIN:MAX job): this folder may hold one
+        # node's ranks only, and the others' are not missing, they are in
+        # the other nodes' folders. A job folder's run.json counts the
+        # job's ranks (expected_ranks), so its missing ranks are the job's.
         missing = []
     return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing)
 
@@ -457,9 +461,12 @@ def resolve_run_dir(path: str, note: Optional[Callable[[str], None]] = _say_note
         names = os.listdir(path)
     except OSError:
         names = []
+    # A name starting with "." is a folder being removed (--keep) or
+    # assembled (combine): never the newest run.
     runs = [
         os.path.join(path, name) for name in names
-        if name != "latest" and _is_run_dir(os.path.join(path, name))
+        if name != "latest" and not name.startswith(".")
+        and _is_run_dir(os.path.join(path, name))
     ]
     if not runs:
         return target if target is not None and os.path.isdir(target) else path

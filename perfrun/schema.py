@@ -247,6 +247,11 @@ _DIST_SIDE = Obj({
 _WINDOW_SUMMARY = Obj({
     "steps": INT,
     "window_time": NUMBER,
+    # The trace file's size, its size before --max-trace-mb cut it, and
+    # the steps it kept then.
+    "trace_bytes": Opt(INT),
+    "trace_full_bytes": Opt(INT),
+    "trace_steps": Opt(ListOf(INT, 2)),
     "overview": ListOf(Obj({
         "type": STR, "side": STR, "calls": INT, "time": NUMBER, "ratio": Opt(NUMBER),
     })),
@@ -352,6 +357,9 @@ RANK_FILE = Obj({
         "stop_iteration": _COUNTED,
         "eval": _COUNTED,
         "profiler": _COUNTED,
+        # perfrun's own saves before this one (format 2): count, seconds in
+        # all, the longest one, and the bytes of the step file.
+        "flush": Obj({"calls": INT, "time": NUMBER, "max": NUMBER, "bytes": INT}),
     }),
     "dataloaders": ListOf(OBJ),
     "device": Opt(Obj({
@@ -382,6 +390,22 @@ RUN_META = Obj({
     "started": Opt(NUMBER),
     "returncode": Opt(INT),
     "elapsed": Opt(NUMBER),
+    "host": Opt(STR),
+    "pid": Opt(INT),
+    "node_rank": Opt(INT),
+    "signals": Opt(ListOf(STR)),
+    "combined_from": Opt(ListOf(STR)),
+    # A multi-node job's folder (job.py): the job, and each node's record.
+    "job": Opt(Obj({
+        "id": Opt(STR),
+        "name": Opt(STR),
+        "source": Opt(STR),
+        "nnodes": Opt(Kind("a string or an integer", str, int)),
+        "nproc_per_node": Opt(INT),
+        "world_size": Opt(INT),
+        "script": Opt(STR),
+    })),
+    "nodes": Opt(Obj(values=OBJ)),
 })
 
 #: A baseline file's top level (perfrun/baseline.py); each of `ranks` is a

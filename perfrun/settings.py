@@ -42,6 +42,8 @@ PROFILER_KEYS = {
     "batch_size": "batch_size",
     "stop_after": "stop_after",
     "nvtx": "nvtx",
+    "keep": "keep",
+    "max_trace_mb": "max_trace_mb",
 }
 
 
@@ -98,6 +100,13 @@ class Settings:
     allow_env_mismatch: bool = False
     #: No start notice on stderr (-q).
     quiet: bool = False
+    #: Runs kept in the log folder (the oldest beyond are removed when a
+    #: run starts; retention.py); 0 keeps all.
+    keep: int = 20
+    #: The most MiB a rank's window trace file may take on disk; a larger
+    #: trace keeps the window's first steps only (runtime/window.py). 0: no
+    #: bound.
+    max_trace_mb: float = 100.0
 
     @property
     def gated(self) -> bool:
@@ -186,6 +195,12 @@ class Settings:
                 )
         if self.max_regression is not None and self.baseline is None:
             raise SettingsError("--max-regression needs --baseline FILE (what to compare with)")
+        if self.keep < 0:
+            raise SettingsError(f"--keep cannot be negative ({self.keep}); 0 keeps every run")
+        if not self.max_trace_mb >= 0:  # NaN too
+            raise SettingsError(
+                f"--max-trace-mb cannot be negative ({self.max_trace_mb}); 0 means no bound"
+            )
         if self.flush_interval <= 0:
             raise SettingsError("flush interval must be positive")
         return self
@@ -355,6 +370,19 @@ def _as_int(origin: str, key: str, value: Any) -> int | None:
     return number
 
 
+def _as_number(origin: str, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise _wrong(origin, key, "a number", value)
+
+
 def _as_window(origin: str, key: str, value: Any) -> tuple[int, int] | None:
     """`[3, 14]`, or the same as a string (`'[3, 14]'`, `3 14`)."""
     if value is None:
@@ -416,6 +444,8 @@ PROFILER_TYPES = {
     "warmup": _as_int,
     "batch_size": _as_int,
     "stop_after": _as_int,
+    "keep": _as_int,
+    "max_trace_mb": _as_number,
 }
 
 
@@ -442,7 +472,8 @@ def profiler_section_to_changes(section: Any, origin: str) -> dict[str, Any]:
     for key, value in section.items():
         name = PROFILER_KEYS[key]
         converted = PROFILER_TYPES[name](origin, key, value)
-        if name == "summary" and converted is None:
+        if name in ("summary", "keep", "max_trace_mb") and converted is None:
+            # null: the default (these settings have no "unset" value).
             continue
         changes[name] = converted
     return changes

@@ -31,10 +31,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import sys
-from array import array
 from collections.abc import Sequence
-from itertools import chain
 from typing import Any, Optional
 
 FORMAT = "perfrun-steps"
@@ -69,12 +68,35 @@ def header(columns: Sequence[str]) -> bytes:
 
 def encode(rows: Sequence[Sequence[Any]], width: int) -> bytes:
     """Rows as packed float64, None as NaN. A row of another width would
-    shift every row after it, so it is refused here rather than on reading."""
-    for row in rows:
-        if len(row) != width:
-            raise ValueError(f"a step row of {len(row)} values, not {width}")
-    flat = [_NAN if v is None else v for v in chain.from_iterable(rows)]
-    return array("d", flat).tobytes()
+    shift every row after it, so it is refused (struct.error) rather than
+    written. Rows of numbers only (the tracker's: NaN, never None) are packed
+    as they are, about half a microsecond a row."""
+    row = _row_struct(width)
+    try:
+        return b"".join([row.pack(*r) for r in rows])
+    except struct.error:
+        for r in rows:
+            if len(r) != width:
+                raise ValueError(f"a step row of {len(r)} values, not {width}") from None
+        return b"".join([row.pack(*[_NAN if v is None else v for v in r]) for r in rows])
+
+
+_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _row_struct(width: int) -> struct.Struct:
+    found = _STRUCTS.get(width)
+    if found is None:
+        found = _STRUCTS[width] = struct.Struct(("<" if sys.byteorder == "little" else ">")
+                                                + "d" * width)
+    return found
+
+
+#: Rows packed and written at a time. The writer runs in the rank's flush
+#: thread and holds the GIL while it packs; each write gives it back, so
+#: the script's thread never waits for more than one block's packing
+#: (a fraction of a millisecond) however many steps a save carries.
+BLOCK = 512
 
 
 class StepWriter:
@@ -104,9 +126,10 @@ class StepWriter:
         self.bytes += len(data)
 
     def append(self, rows: Sequence[Sequence[Any]]) -> None:
-        if rows:
-            self._write(encode(rows, self.width))
-            self.written += len(rows)
+        for lo in range(0, len(rows), BLOCK):
+            block = rows[lo:lo + BLOCK]
+            self._write(encode(block, self.width))
+            self.written += len(block)
 
     def sync(self) -> None:
         """Make what was written survive the machine (the final save)."""

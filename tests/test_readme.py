@@ -12,7 +12,9 @@ Two commands cannot run as written here, and are held to what the README
 says happens instead: `--nsys` needs Nsight Systems, absent on these
 machines (perfrun refuses it before the script runs: exit 64, one line);
 `pip install ...` changes the environment and is checked by CI itself (the
-test command) and by hand from a fresh clone (the quick start).
+test command) and by hand from a fresh clone (the quick start). The
+folders `perfrun combine` merges are made first, from the 8-rank run the
+README ran before, split as two nodes would have left it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def test_the_readme_has_the_commands_this_test_knows() -> None:
         "perfrun compare baseline.json perfrun_log/latest --max-regression 5%",
         "perfrun --timer-only --stop-after 300 --baseline baseline.json "
         "--max-regression 5% --format junit --output perf-gate.xml train.py",
+        "perfrun combine node0/perfrun_log/job-exp42 node1/perfrun_log/job-exp42 -o job-exp42",
     ]
 
 
@@ -119,9 +122,11 @@ def test_every_readme_command_runs_as_written(work: Path) -> None:
         "perfrun --timer-only --baseline baseline.json --max-regression 5% train.py": GATE_CODES,
         "perfrun compare baseline.json perfrun_log/latest --max-regression 5%": GATE_CODES,
     }
-    ci_command = COMMANDS[-1]
+    [ci_command] = [c for c in COMMANDS if "--format junit" in c]
     expect[ci_command] = GATE_CODES
     for command in COMMANDS:
+        if command.startswith("perfrun combine"):
+            split_as_two_nodes(work)
         done = run(work, command)
         assert done.returncode in expect.get(command, (ExitCode.OK,)), described(done)
         assert "Traceback" not in done.stderr, described(done)
@@ -136,8 +141,28 @@ def test_every_readme_command_runs_as_written(work: Path) -> None:
             xml = (work / "perf-gate.xml").read_text(encoding="utf-8")
             assert xml.startswith("<?xml") and "<testsuite" in xml, xml
             assert "Perf Summary" in done.stdout, described(done)
+        elif command.startswith("perfrun combine"):
+            assert "combined ranks 0-7 from 2 folders into job-exp42" in done.stderr, \
+                described(done)
+            assert sorted(p.name for p in (work / "job-exp42").glob("rank*.json")) == [
+                f"rank{r}.json" for r in range(8)]
         elif "--nproc-per-node 8" in command:
             assert "8 ranks" in done.stdout or "rank 7" in done.stdout, described(done)
         else:
             assert "Perf Summary" in done.stdout or "Verdict" in done.stdout, described(done)
     assert (work / "baseline.json").exists()
+
+
+def split_as_two_nodes(work: Path) -> None:
+    """node0/ and node1/ as two nodes with log folders of their own would
+    have left the README's 8-rank run: ranks 0-3 in one, 4-7 in the other,
+    each with the run's run.json."""
+    [run] = [p for p in (work / "perfrun_log").iterdir()
+             if not p.is_symlink() and (p / "rank7.json").exists()]
+    for node, ranks in ((0, range(4)), (1, range(4, 8))):
+        folder = work / f"node{node}" / "perfrun_log" / "job-exp42"
+        folder.mkdir(parents=True)
+        shutil.copy(run / "run.json", folder)
+        for r in ranks:
+            for path in run.glob(f"rank{r}.*"):
+                shutil.copy(path, folder)

@@ -39,6 +39,17 @@ def test_other_nodes_ranks_are_not_missing(tmp_path: Path) -> None:
     assert read_run(str(tmp_path)).missing == []
 
 
+def test_a_job_folders_missing_ranks_are_the_jobs(tmp_path: Path) -> None:
+    # One folder for the whole two-node job (job.py): its run.json counts
+    # the job's ranks, so a rank no node wrote is missing.
+    _write(tmp_path, "rank0.json", _rank(0, 4))
+    _write(tmp_path, "rank1.json", _rank(1, 4))
+    _write(tmp_path, "rank3.json", _rank(3, 4))
+    _write(tmp_path, "run.json", {"expected_ranks": 4, "nnodes": "2",
+                                  "job": {"id": "x", "world_size": 4}})
+    assert read_run(str(tmp_path)).missing == [2]
+
+
 def test_the_last_restart_of_a_rank_wins(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _rank(0, 1, rows=5))
     _write(tmp_path, "rank0.restart1.json", _rank(0, 1, restart=1, rows=3))

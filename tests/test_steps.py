@@ -18,7 +18,7 @@ import pytest
 from perfrun.analysis.summary import perf_summary
 from perfrun.results import COL, GPU_COLUMNS, PHASES, STEP_COLUMNS
 from perfrun.runtime.clock import PhaseClock
-from perfrun.runtime.steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO, StepTracker
+from perfrun.runtime.steps import BWD, CLOSURE, DATA, FWD, MISSING, OPT, ZERO, StepTracker
 
 # What `ident` names in the hooks (id() of the module or optimizer).
 MODEL, LOSS, OPTIM, SCALER = "model", "loss", "optimizer", "scaler"
@@ -135,7 +135,7 @@ def row(
         excluded,
         *calls,
         samples,
-        *([None] * len(GPU_COLUMNS)),
+        *([MISSING] * len(GPU_COLUMNS)),
     ]
 
 

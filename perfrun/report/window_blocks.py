@@ -503,7 +503,8 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                 "trace",
                 None,
                 [
-                    f"Trace of the window (rank {ref.rank}): {trace} in the run folder; open it in "
+                    f"Trace of the window (rank {ref.rank}): {trace}{_trace_size(s)} in the run "
+                    "folder; open it in "
                     "https://ui.perfetto.dev or TensorBoard's profiler plugin "
                     f"(exported in {s.get('export_seconds', 0):.2f} s)"
                 ],
@@ -512,3 +513,13 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
             )
         )
     return out
+
+
+def _trace_size(s: dict[str, Any]) -> str:
+    """` (12.3 MiB)`: the trace file's size as written (bounded by
+    --max-trace-mb; runtime/window.py), where the run recorded it."""
+    size = s.get("trace_bytes")
+    if not isinstance(size, (int, float)) or isinstance(size, bool):
+        return ""
+    mib = 1 << 20
+    return f" ({size / 1024:.0f} KiB)" if size < mib else f" ({size / mib:.1f} MiB)"

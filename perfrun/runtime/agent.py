@@ -62,6 +62,7 @@ class Agent:
         # --batch-size: every step's samples, written as the step commits
         # (a committed step may be taken by the writer at any moment).
         self.tracker.fixed_samples = self.settings.batch_size
+        self.tracker.origin = self.t0
         self.phase_clock = PhaseClock(self.tracker)
         # What the hooks report edges to: the phase clock itself, or, when
         # nothing needs a step boundary the moment it happens (timer-only,
@@ -95,6 +96,9 @@ class Agent:
         self._end_listeners: list[Callable[[int, float, bool], None]] = []
         self._undo: list[Any] = []
         self.step_writer: Optional[StepWriter] = None
+        # Saves so far: count, total seconds, longest (reported in the
+        # rank file, so a user can see what perfrun's flushing costs).
+        self._flushes = [0, 0.0, 0.0]
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -372,14 +376,7 @@ class Agent:
         k = ready - base
         if k <= 0:
             return
-        t0 = self.t0
-        out = []
-        for row in rows[:k]:
-            r = list(row)
-            r[0] -= t0
-            r[1] -= t0
-            out.append(r)
-        writer.append(out)
+        writer.append(rows[:k])
         tracker.take(k)
 
     def document(self) -> str:
@@ -432,6 +429,12 @@ class Agent:
                     "calls": self.tracker.own_calls,
                     "time": self.tracker.own_time,
                 },
+                "flush": {
+                    "calls": self._flushes[0],
+                    "time": round(self._flushes[1], 6),
+                    "max": round(self._flushes[2], 6),
+                    "bytes": writer.bytes if writer is not None else 0,
+                },
             },
             "dataloaders": list(self.loaders.values()),
             "device": device,
@@ -450,10 +453,17 @@ class Agent:
         (a few kilobytes, whatever the run's length), so the rank file never
         counts a step its step file lacks."""
         with self._write_lock:
+            began = perf_counter()
             self._append_ready(final)
             if final and self.step_writer is not None:
                 self.step_writer.sync()
             atomic_write_text(self.path, self.document(), durable=final)
+            took = perf_counter() - began
+            flushes = self._flushes
+            flushes[0] += 1
+            flushes[1] += took
+            if took > flushes[2]:
+                flushes[2] = took
 
     def _env(self) -> dict[str, Any]:
         return {

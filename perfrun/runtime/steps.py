@@ -85,6 +85,10 @@ RelabelCallback = Callable[[list[str]], None]
 # opened is cancelled (its leading fetch raised StopIteration).
 EndCallback = Callable[[int, float, bool], None]
 
+# The one NaN object of every missing cell: lists holding it still compare
+# equal (list comparison checks identity first).
+MISSING = float("nan")
+
 
 class StepTracker:
     """Accumulates phase time into steps and decides where steps begin and end.
@@ -113,6 +117,10 @@ class StepTracker:
         # Samples of every step when the user gave the batch size (else
         # counted from the batches fetched).
         self.fixed_samples: Optional[int] = None
+        # Rows hold times since this clock reading (the rank's start), and
+        # NaN for a GPU time not (yet) known: every cell a float or an int,
+        # so the writer packs rows as they are (stepfile.encode).
+        self.origin = 0.0
         # What the script has shown so far.
         self.optimizer_seen = False  # set by the hooks when an optimizer is built
         self.training_seen = False  # a backward or optimizer step ran
@@ -473,10 +481,11 @@ class StepTracker:
 
     def _commit(self, end: float, excl: float) -> None:
         a, c = self.acc, self.calls
+        origin = self.origin
         self.rows.append(
             [
-                self.start,
-                end,
+                self.start - origin,
+                end - origin,
                 a[0],
                 a[1],
                 a[2],
@@ -487,11 +496,11 @@ class StepTracker:
                 c[2],
                 c[3],
                 self.samples if self.fixed_samples is None else self.fixed_samples,
-                None,
-                None,
-                None,
-                None,
-                None,
+                MISSING,
+                MISSING,
+                MISSING,
+                MISSING,
+                MISSING,
             ]
         )
         if self.on_end is not None:

@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..analysis.modules import summarize_modules
@@ -32,6 +33,7 @@ from .gpu import PHASE_NAMES
 
 # A trace larger than this is written gzipped (Perfetto and TensorBoard read both).
 GZIP_ABOVE = 8 << 20
+MIB = 1 << 20
 PERFRUN_TRACK_TID = "perfrun steps and phases"
 
 
@@ -283,24 +285,170 @@ class ProfilerWindow:
             events, summary["window_time"], ranges.tree if ranges is not None else None
         )
         events.extend(_perfrun_track(events))
-        text = json.dumps(trace)
         name = f"{stem}.pt.trace.json"
         path = os.path.join(folder, name)
-        if len(text) > GZIP_ABOVE:
+        limit = trace_limit(getattr(agent.settings, "max_trace_mb", 0.0))
+        data, gz, cut = fit_trace(trace, limit)
+        if gz:
             path += ".gz"
-            data = gzip.compress(text.encode(), compresslevel=3)
             tmp = path + ".tmp"
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         else:
-            atomic_write_text(path, text)
+            atomic_write_text(path, data.decode("utf-8"))
+        summary["trace_bytes"] = len(data)
+        if cut is not None:
+            summary["trace_steps"] = cut.steps
+            summary["trace_full_bytes"] = cut.full_bytes
+            agent.notes.append(trace_cut_note(cut, self.recorded_from or self.start, self.end,
+                                              getattr(agent.settings, "max_trace_mb", 0.0)))
         summary["trace"] = os.path.relpath(path, agent.run_dir)
         summary["range"] = [self.recorded_from, self.end]
         summary["export_seconds"] = time.perf_counter() - t0
         if self.under_nsys():
             summary.update(nsys_tables(agent.rank))
         self.result = summary
+
+
+# -- the trace file's size -----------------------------------------------------------
+#
+# A long window on a large model makes a trace of gigabytes: more than a
+# browser opens, and, kept run after run, more than a disk holds. The file is
+# bounded (--max-trace-mb); the tables are computed from every event before
+# the file is cut, so only the file loses steps, never the report.
+
+
+def trace_limit(max_trace_mb: Any) -> int:
+    """--max-trace-mb in bytes; 0 for no bound."""
+    try:
+        mb = float(max_trace_mb or 0.0)
+    except (TypeError, ValueError):
+        return 0
+    return int(mb * MIB) if 0 < mb < float("inf") else 0
+
+
+@dataclass(frozen=True)
+class TraceCut:
+    """How a trace was cut to its bound."""
+
+    #: [first, end) of the window's steps the file holds whole; None when
+    #: even the first step did not fit and the file holds part of it.
+    steps: Optional[list[int]]
+    #: The size the whole trace would have taken, as it would be written.
+    full_bytes: int
+
+
+def encode_trace(trace: dict[str, Any], gzip_it: Optional[bool] = None) -> tuple[bytes, bool]:
+    """The trace as it is written: JSON, gzipped above GZIP_ABOVE (or as
+    `gzip_it` says)."""
+    text = json.dumps(trace).encode("utf-8")
+    gz = len(text) > GZIP_ABOVE if gzip_it is None else gzip_it
+    return (gzip.compress(text, compresslevel=3) if gz else text), gz
+
+
+def fit_trace(trace: dict[str, Any], limit: int) -> tuple[bytes, bool, Optional[TraceCut]]:
+    """The trace's bytes, gzipped or not, within `limit` bytes (0: no
+    limit). A trace over it keeps the window's first steps whole, as many
+    as fit: a prefix of whole steps reads in Perfetto as the window did,
+    where events thinned at random would show steps with holes."""
+    data, gz = encode_trace(trace)
+    if not limit or len(data) <= limit:
+        return data, gz, None
+    full = len(data)
+    events = trace.get("traceEvents") or []
+    times = sorted(e["ts"] for e in events if _timed(e))
+    spans = _step_spans(events)
+    fraction = limit / full
+    for _ in range(12):
+        fraction *= 0.9
+        k = int(len(times) * fraction)
+        at = times[k] if k < len(times) else float("inf")
+        whole = [(i, end) for i, _ts, end in spans if end <= at]
+        cut = max(end for _i, end in whole) if whole else at
+        kept = events_before(events, cut)
+        data, _ = encode_trace({**trace, "traceEvents": kept}, gz)
+        if len(data) <= limit:
+            steps = [min(i for i, _ in whole), max(i for i, _ in whole) + 1] if whole else None
+            return data, gz, TraceCut(steps, full)
+        fraction = min(fraction, fraction * limit / len(data))
+    data, _ = encode_trace({**trace, "traceEvents": events_before(events, float("-inf"))}, gz)
+    return data, gz, TraceCut(None, full)
+
+
+#: Events that run on a device, placed by the CPU call that launched them.
+_DEVICE_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"))
+_LAUNCH_CATS = frozenset(("cuda_runtime", "cuda_driver"))
+
+
+def events_before(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any]]:
+    """The events of the trace up to `cut` (microseconds): metadata always;
+    CPU events that begin before it; device work (kernels, copies) and flow
+    arrows launched by a kept CPU call, even where the device ran it after
+    `cut`."""
+    launched = {
+        (e.get("args") or {}).get("correlation")
+        for e in events
+        if e.get("cat") in _LAUNCH_CATS and _timed(e) and e["ts"] < cut
+    }
+    launched.discard(None)
+    out = []
+    for e in events:
+        if not _timed(e):
+            out.append(e)
+        elif e.get("cat") in _DEVICE_CATS:
+            if (e.get("args") or {}).get("correlation") in launched:
+                out.append(e)
+        elif e.get("ph") in ("s", "f", "t"):
+            if e.get("id") in launched or e["ts"] < cut:
+                out.append(e)
+        elif e["ts"] < cut:
+            out.append(e)
+    return out
+
+
+def _timed(e: Any) -> bool:
+    """An event placed in time (not metadata, not damaged)."""
+    if not isinstance(e, dict) or e.get("ph") == "M":
+        return False
+    ts = e.get("ts")
+    return isinstance(ts, (int, float)) and not isinstance(ts, bool)
+
+
+def _step_spans(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(step index, start, end) of perfrun's step ranges in the trace."""
+    out = []
+    for e in events:
+        name = e.get("name")
+        if (
+            e.get("cat") == "user_annotation" and isinstance(name, str)
+            and name.startswith(STEP_PREFIX) and _timed(e)
+            and isinstance(e.get("dur"), (int, float))
+        ):
+            try:
+                out.append((int(name[len(STEP_PREFIX):]), e["ts"], e["ts"] + e["dur"]))
+            except ValueError:
+                pass
+    return out
+
+
+def size_text(n: float) -> str:
+    """Bytes for a line of text: `812 KiB`, `12.3 MiB`."""
+    if n < MIB:
+        return f"{n / 1024:.0f} KiB"
+    if n < 1024 * MIB:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / (1024 * MIB):.2f} GiB"
+
+
+def trace_cut_note(cut: TraceCut, start: int, end: int, max_trace_mb: float) -> str:
+    held = (f"steps [{cut.steps[0]}, {cut.steps[1]})" if cut.steps
+            else "part of its first step")
+    return (
+        f"the window's trace file holds {held} of [{start}, {end}): the whole trace would take "
+        f"{size_text(cut.full_bytes)}, over --max-trace-mb {max_trace_mb:g} (raise it to keep "
+        "every step; 0: no bound). The window's tables cover every step"
+    )
 
 
 def nsys_tables(rank: int) -> dict[str, Any]:

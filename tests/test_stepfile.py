@@ -1,0 +1,235 @@
+"""Results format 2: the append-only step file (perfrun/stepfile.py), read
+back by results.py, written by the rank's agent as steps become final."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfrun.analysis.summary import build_report
+from perfrun.results import (
+    COL,
+    STEP_COLUMNS,
+    VERSION,
+    ResultsError,
+    read_rank_file,
+    read_run,
+)
+from perfrun.runtime.agent import Agent
+from perfrun.runtime.steps import BWD, DATA, FWD, OPT
+from perfrun.settings import Settings
+from perfrun.stepfile import StepWriter, header, read, steps_path
+from tests.builders import MS, make_rank, make_rows
+
+WIDTH = len(STEP_COLUMNS)
+ROW_BYTES = 8 * WIDTH
+
+
+def write_v2(folder: Path, rows: list[list[Any]], rank: int = 0, **doc: Any) -> Path:
+    """A format-2 rank: its document, and its steps in a step file."""
+    data = make_rank(rows, rank=rank).data
+    data.update(doc)
+    writer = StepWriter(str(folder / f"rank{rank}.steps"), STEP_COLUMNS)
+    writer.append(rows)
+    writer.close()
+    data["steps"] = {"columns": list(STEP_COLUMNS), "file": f"rank{rank}.steps",
+                     "count": writer.written}
+    path = folder / f"rank{rank}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def write_v1(folder: Path, rows: list[list[Any]], rank: int = 0) -> Path:
+    data = make_rank(rows, rank=rank).data
+    data["version"] = 1
+    data["steps"] = {"columns": list(STEP_COLUMNS), "rows": rows}
+    path = folder / f"rank{rank}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+ROWS = make_rows(
+    [{"dataloader": MS, "forward": 2 * MS, "backward": 3 * MS, "optimization": MS,
+      "others": MS, "samples": 32}] * 12
+    + [{"forward": 4 * MS, "others": 2 * MS, "excluded": MS}] * 3
+)
+
+
+def test_steps_read_back_exactly_with_missing_values(tmp_path: Path) -> None:
+    rank = read_rank_file(str(write_v2(tmp_path, ROWS)))
+    assert rank.n_steps == len(ROWS)
+    assert rank.rows == ROWS  # None stays None; counts come back as integers
+    assert rank.table.shape == (len(ROWS), WIDTH)
+    assert all(type(v) is int for v in rank.column("forward_calls"))
+
+
+def test_a_format_1_file_reports_the_same_as_format_2(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    write_v1(tmp_path / "a", ROWS)
+    write_v2(tmp_path / "b", ROWS)
+    one = build_report(read_run(str(tmp_path / "a"))).to_dict()
+    two = build_report(read_run(str(tmp_path / "b"))).to_dict()
+    for doc in (one, two):
+        doc["title"].pop("run_dir")
+    assert one == two
+    assert one["perf"]["steps"] == len(ROWS) - 1  # the default warm-up: one step
+
+
+def test_a_row_cut_short_by_a_kill_is_left_out(tmp_path: Path) -> None:
+    path = write_v2(tmp_path, ROWS)
+    steps = tmp_path / "rank0.steps"
+    with open(steps, "ab") as f:
+        f.write(b"\x00" * (ROW_BYTES - 3))  # most of one more row
+    assert read_rank_file(str(path)).n_steps == len(ROWS)
+
+
+def test_steps_beyond_the_rank_files_count_are_kept(tmp_path: Path) -> None:
+    """A rank killed between appending steps and rewriting its rank file:
+    the step file holds more than the rank file says, and all of it counts."""
+    path = write_v2(tmp_path, ROWS)
+    data = json.loads(path.read_text())
+    data["steps"]["count"] = 3
+    path.write_text(json.dumps(data))
+    assert read_rank_file(str(path)).n_steps == len(ROWS)
+
+
+def test_columns_are_mapped_by_name(tmp_path: Path) -> None:
+    """A step file from another version, with its columns reordered and one
+    more: read by name, the unknown one left out."""
+    columns = ["end", "start", "future"] + list(STEP_COLUMNS[2:])
+    writer = StepWriter(str(tmp_path / "rank0.steps"), columns)
+    writer.append([[r[1], r[0], 7.0] + r[2:] for r in ROWS])
+    writer.close()
+    data = make_rank([]).data
+    data["steps"] = {"columns": columns, "file": "rank0.steps", "count": len(ROWS)}
+    (tmp_path / "rank0.json").write_text(json.dumps(data))
+    assert read_rank_file(str(tmp_path / "rank0.json")).rows == ROWS
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: p.unlink(), "rank0.steps: no such file (the step file of a rank file; copy both)"),
+        (lambda p: p.write_bytes(b"garbage"), "is not a perfrun step file (no header)"),
+        (lambda p: p.write_bytes(b"{}\n"), "is not a perfrun step file"),
+        (
+            lambda p: p.write_bytes(
+                header(STEP_COLUMNS).replace(b'"version":1', b'"version":9')
+            ),
+            "has step file version 9; this perfrun reads up to version 1: upgrade perfrun",
+        ),
+    ],
+)
+def test_a_damaged_step_file_is_one_line(tmp_path: Path, damage: Any, message: str) -> None:
+    path = write_v2(tmp_path, ROWS)
+    damage(tmp_path / "rank0.steps")
+    with pytest.raises(ResultsError) as err:
+        read_rank_file(str(path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_step_without_a_start_is_refused_by_step(tmp_path: Path) -> None:
+    rows = [list(r) for r in ROWS]
+    rows[4][COL["start"]] = None
+    path = write_v2(tmp_path, rows)
+    with pytest.raises(ResultsError, match=r"step 4 has no 'start' time"):
+        read_rank_file(str(path))
+
+
+def test_a_step_file_name_must_be_beside_the_rank_file(tmp_path: Path) -> None:
+    path = write_v2(tmp_path, ROWS)
+    data = json.loads(path.read_text())
+    data["steps"]["file"] = "../elsewhere.steps"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsError, match="steps.file"):
+        read_rank_file(str(path))
+
+
+def test_rows_are_aligned_after_the_header() -> None:
+    for n in range(1, 40):
+        assert len(header([f"c{i}" for i in range(n)])) % 8 == 0
+
+
+def test_steps_path_goes_with_the_rank_file() -> None:
+    assert steps_path("/r/rank3.json") == "/r/rank3.steps"
+    assert steps_path("/r/rank3.restart2.json") == "/r/rank3.restart2.steps"
+
+
+# -- the writer inside a rank ---------------------------------------------------
+
+
+def make_agent(tmp_path: Path) -> Agent:
+    payload = dataclasses.asdict(Settings(script="train.py", nvtx=False))
+    payload["run_dir"] = str(tmp_path)
+    agent = Agent(payload)
+    agent.step_writer = StepWriter(steps_path(agent.path), STEP_COLUMNS)  # as start() does
+    return agent
+
+
+def train(agent: Agent, steps: int) -> None:
+    clock = agent.phase_clock
+    for _ in range(steps):
+        for kind in (DATA, FWD, BWD, OPT):
+            clock.enter(kind)
+            clock.exit()
+
+
+@pytest.fixture()
+def no_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("no_rank_env")
+def test_each_save_appends_only_what_is_new_and_the_rank_keeps_none_of_it(
+    tmp_path: Path,
+) -> None:
+    """What makes a long run's memory flat and its flushes cheap: every
+    save appends exactly the steps committed since the last one, the
+    tracker then holds none of them, and the rank file does not grow."""
+    agent = make_agent(tmp_path)
+    steps = Path(agent.step_writer.path)
+    sizes, docs = [], []
+    for _ in range(5):
+        train(agent, 200)
+        before = steps.stat().st_size
+        agent.write()
+        sizes.append(steps.stat().st_size - before)
+        docs.append(Path(agent.path).stat().st_size)
+        assert len(agent.tracker.rows) == 0  # all written, none held
+    # 200 loop bodies per round; the first round's last step (and each
+    # round's) commits when the next round's first fetch begins.
+    assert sizes == [199 * ROW_BYTES] + [200 * ROW_BYTES] * 4
+    assert max(docs) - min(docs) < 64  # a few digits of counters, not rows
+    agent.tracker.finish(agent.phase_clock.now())
+    agent.write(final=True)
+    rank = read_rank_file(agent.path)
+    assert rank.n_steps == 1000 == rank.data["steps"]["count"]
+    assert rank.data["version"] == VERSION == 2
+    flush = rank.data["extra"]["flush"]
+    # The saves before the last one (a save cannot time itself in the file
+    # it writes), and the step file as the last one left it.
+    assert flush["calls"] == 5 and flush["bytes"] == steps.stat().st_size
+    starts = rank.column("start")
+    assert starts == sorted(starts) and 0.0 <= starts[0] < 60.0  # since the rank began
+    assert all(math.isnan(v) for v in read(str(steps))[1][:, COL["gpu_step"]])
+
+
+@pytest.mark.usefixtures("no_rank_env")
+def test_a_batch_size_given_is_every_steps_samples(tmp_path: Path) -> None:
+    payload = dataclasses.asdict(Settings(script="train.py", nvtx=False, batch_size=48))
+    payload["run_dir"] = str(tmp_path)
+    agent = Agent(payload)
+    agent.step_writer = StepWriter(steps_path(agent.path), STEP_COLUMNS)
+    train(agent, 10)
+    agent.tracker.finish(agent.phase_clock.now())
+    agent.write(final=True)
+    assert read_rank_file(agent.path).column("samples") == [48] * 10
+    os.remove(agent.path)
