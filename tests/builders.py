@@ -122,3 +122,15 @@ def make_run(
 ) -> RunResults:
     return RunResults(run_dir=run_dir, ranks=list(ranks), meta=dict(meta or {}),
                       missing=list(missing))
+
+
+def train_agent(agent: Any, steps: int) -> None:
+    """`steps` loop bodies through a rank agent's phase clock: fetch,
+    forward, backward, optimizer step."""
+    from perfrun.runtime.steps import BWD, DATA, FWD, OPT
+
+    clock = agent.phase_clock
+    for _ in range(steps):
+        for kind in (DATA, FWD, BWD, OPT):
+            clock.enter(kind)
+            clock.exit()

@@ -30,10 +30,10 @@ from perfrun.results import COL, STEP_COLUMNS, read_rank_file
 from perfrun.runtime.agent import Agent
 from perfrun.runtime.gpu import work_device
 from perfrun.runtime.modules import RootTracker
-from perfrun.runtime.steps import BWD, DATA, FWD, OPT
 from perfrun.runtime.window import ProfilerWindow, nsys_tables
 from perfrun.settings import Settings
 from perfrun.stepfile import StepWriter, steps_path
+from tests.builders import train_agent
 
 GPU = COL["gpu_dataloader"]
 
@@ -57,13 +57,7 @@ def make_agent(tmp_path: Path, torch: Any, **settings: Any) -> Agent:
     return agent
 
 
-def train(agent: Agent, steps: int) -> None:
-    """`steps` loop bodies: fetch, forward, backward, optimizer step."""
-    clock = agent.phase_clock
-    for _ in range(steps):
-        for kind in (DATA, FWD, BWD, OPT):
-            clock.enter(kind)
-            clock.exit()
+train = train_agent
 
 
 def rows_of(agent: Agent) -> list[list[Any]]:

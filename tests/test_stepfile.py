@@ -22,10 +22,9 @@ from perfrun.results import (
     read_run,
 )
 from perfrun.runtime.agent import Agent
-from perfrun.runtime.steps import BWD, DATA, FWD, OPT
 from perfrun.settings import Settings
 from perfrun.stepfile import StepWriter, header, read, steps_path
-from tests.builders import MS, make_rank, make_rows
+from tests.builders import MS, make_rank, make_rows, train_agent
 
 WIDTH = len(STEP_COLUMNS)
 ROW_BYTES = 8 * WIDTH
@@ -116,7 +115,8 @@ def test_columns_are_mapped_by_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda p: p.unlink(), "rank0.steps: no such file (the step file of a rank file; copy both)"),
+        (lambda p: p.unlink(),
+         "rank0.steps: no such file (the step file of a rank file; copy both)"),
         (lambda p: p.write_bytes(b"garbage"), "is not a perfrun step file (no header)"),
         (lambda p: p.write_bytes(b"{}\n"), "is not a perfrun step file"),
         (
@@ -173,12 +173,7 @@ def make_agent(tmp_path: Path) -> Agent:
     return agent
 
 
-def train(agent: Agent, steps: int) -> None:
-    clock = agent.phase_clock
-    for _ in range(steps):
-        for kind in (DATA, FWD, BWD, OPT):
-            clock.enter(kind)
-            clock.exit()
+train = train_agent
 
 
 @pytest.fixture()
