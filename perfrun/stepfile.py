@@ -115,7 +115,7 @@ class StepWriter:
         )
         self._write(header(columns))
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: Any) -> None:
         fd = self._fd
         if fd is None:
             raise ValueError(f"{self.path} is closed")
@@ -130,6 +130,18 @@ class StepWriter:
             block = rows[lo:lo + BLOCK]
             self._write(encode(block, self.width))
             self.written += len(block)
+
+    def append_packed(self, data: bytes, n: int) -> None:
+        """`n` rows already packed in this machine's byte order (the
+        tracker's buffer), written a block at a time: a flush thread that
+        writes gives the GIL back to the script between blocks."""
+        if len(data) != n * 8 * self.width:
+            raise ValueError(f"{len(data)} bytes are not {n} rows of {self.width} values")
+        step = BLOCK * 8 * self.width
+        view = memoryview(data)
+        for lo in range(0, len(data), step):
+            self._write(view[lo:lo + step])
+        self.written += n
 
     def sync(self) -> None:
         """Make what was written survive the machine (the final save)."""

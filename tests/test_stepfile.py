@@ -228,3 +228,27 @@ def test_a_batch_size_given_is_every_steps_samples(tmp_path: Path) -> None:
     agent.write(final=True)
     assert read_rank_file(agent.path).column("samples") == [48] * 10
     os.remove(agent.path)
+
+
+def test_the_row_width_is_the_formats() -> None:
+    from perfrun.runtime.steps import WIDTH
+
+    assert WIDTH == len(STEP_COLUMNS)
+
+
+@pytest.mark.usefixtures("no_rank_env")
+def test_held_steps_are_no_objects_for_the_cyclic_collector(tmp_path: Path) -> None:
+    """Steps wait seconds for a save: as objects the collector tracks they
+    would reach its oldest generation and set off full collections, which
+    stall a script with torch's heap for 100 ms and more. Held steps are
+    packed floats: thousands of them add no tracked object."""
+    import gc
+
+    agent = make_agent(tmp_path)
+    train(agent, 10)
+    gc.collect()
+    before = len(gc.get_objects())
+    train(agent, 5000)
+    gc.collect()
+    assert agent.tracker.held >= 5000
+    assert len(gc.get_objects()) - before < 50

@@ -32,7 +32,7 @@ from .device import DeviceSampler
 from .hooks import OFF, HookState
 from .lite import ended_status
 from .modules import ModuleRanges, RootTracker
-from .steps import StepTracker
+from .steps import WIDTH, StepTracker
 
 _GPU_COL = COL["gpu_dataloader"]
 
@@ -362,21 +362,22 @@ class Agent:
         if writer is None:
             return
         tracker = self.tracker
-        rows = tracker.rows
+        buf = tracker.buf
         base = tracker.base
-        ready = base + len(rows)
+        held = len(buf) // WIDTH
+        ready = base + held
         timer = self.gpu_timer
         if timer is not None:
             try:
-                ready = timer.resolve(rows, _GPU_COL, base)
+                ready = timer.resolve(buf, _GPU_COL, base)
             except Exception as exc:
                 self._gpu_fault("cuda", exc)
             if final:
-                ready = base + len(rows)
+                ready = base + held
         k = ready - base
         if k <= 0:
             return
-        writer.append(rows[:k])
+        writer.append_packed(buf[: k * WIDTH].tobytes(), k)
         tracker.take(k)
 
     def document(self) -> str:

@@ -29,6 +29,8 @@ import threading
 from collections import deque
 from typing import Any, Callable, Optional
 
+from .steps import WIDTH
+
 # By phase kind (runtime/steps.py); a closure's range is "Closure".
 PHASE_NAMES = ("Dataloader", "Forward", "Backward", "Optimization", "Optimization", "Closure")
 _KIND_OF_NAME = {"Dataloader": 0, "Forward": 1}
@@ -260,17 +262,21 @@ class CudaPhaseTimer:
         except Exception as exc:
             self._fault(exc)
 
-    def resolve(self, rows: list[list], col_base: int, base: int = 0) -> int:
+    def resolve(self, rows: Any, col_base: int, base: int = 0) -> int:
         """Fill the GPU columns of every step whose events have completed.
         `rows` holds the steps from index `base` on (those before it are
-        written and gone). Returns the index of the first row that may still
-        change (all rows before it are final). Called from the flush thread: it queries
+        written and gone): the tracker's packed buffer (an array of
+        steps.WIDTH floats a step), or a list of row lists. Returns the
+        index of the first row that may still change (all rows before it
+        are final). Called from the flush thread: it queries
         nothing while a CUDA graph capture is underway. A capture begun
         through torch.cuda.CUDAGraph is known the moment it begins
         (guard_captures); one begun by other means only at the main
         thread's next phase edge."""
+        packed = not isinstance(rows, list)
+        held = len(rows) // WIDTH if packed else len(rows)
         if self.off:
-            return base + len(rows)
+            return base + held
         # Read before looking at the queue: the main thread queues a row's
         # events before it advances `_next`.
         limit = self._next
@@ -286,7 +292,10 @@ class CudaPhaseTimer:
                     if not end.query():
                         return index
                     pending.popleft()
-                    row = rows[index - base]
+                    if packed:
+                        row, at = rows, (index - base) * WIDTH + col_base
+                    else:
+                        row, at = rows[index - base], col_base
                     sums = [0.0, 0.0, 0.0, 0.0]
                     used = [start, end]
                     for kind, is_eval, a, b, children in phases:
@@ -297,12 +306,12 @@ class CudaPhaseTimer:
                             sums[min(kind, 3)] += own / 1000.0
                         used += [a, b]
                     for i in range(4):
-                        row[col_base + i] = sums[i]
-                    row[col_base + 4] = start.elapsed_time(end) / 1000.0
+                        row[at + i] = sums[i]
+                    row[at + 4] = start.elapsed_time(end) / 1000.0
                     self._recycle(device, used)
         except Exception as exc:
             self._fault(exc)
-            return base + len(rows)
+            return base + held
         return limit
 
     def synchronize(self, torch: Any) -> None:

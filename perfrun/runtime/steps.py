@@ -59,6 +59,7 @@ The rules (documented in the README):
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Callable, Optional
 
 # Phase kinds. ZERO_GRAD counts as Optimization time but never closes a step.
@@ -85,6 +86,10 @@ RelabelCallback = Callable[[list[str]], None]
 # opened is cancelled (its leading fetch raised StopIteration).
 EndCallback = Callable[[int, float, bool], None]
 
+#: Values a step row holds (results.STEP_COLUMNS; kept here as a number so
+#: that this module imports nothing).
+WIDTH = 17
+
 # The one NaN object of every missing cell: lists holding it still compare
 # equal (list comparison checks identity first).
 MISSING = float("nan")
@@ -109,10 +114,16 @@ class StepTracker:
         self.on_begin = on_begin
         self.on_end = on_end
         self.on_relabel: Optional[RelabelCallback] = None
-        # Committed steps not yet taken by the writer (Agent.take_rows), and
-        # how many were taken before them: a step's index is global, so the
-        # rank holds only what it has not written, however long the run.
-        self.rows: list[list] = []
+        # Committed steps not yet taken by the writer (Agent._append_ready),
+        # packed one after the other, WIDTH floats each, and how many were
+        # taken before them: a step's index is global, so the rank holds
+        # only what it has not written, however long the run. A flat array
+        # rather than a list per step: no object per step for Python's
+        # cyclic collector to find and promote (steps wait seconds for a
+        # save, long enough to reach the oldest generation, whose growth
+        # sets off full collections: stalls of 100 ms and more in a script
+        # with torch's heap), and a save is one copy of bytes.
+        self.buf = array("d")
         self.base = 0
         # Samples of every step when the user gave the batch size (else
         # counted from the batches fetched).
@@ -190,12 +201,28 @@ class StepTracker:
     @property
     def current_index(self) -> int:
         """Index of the open step (or of the next one, when none is open)."""
-        return self.base + len(self.rows)
+        return self.base + len(self.buf) // WIDTH
+
+    @property
+    def held(self) -> int:
+        """Committed steps not yet taken by the writer."""
+        return len(self.buf) // WIDTH
+
+    @property
+    def rows(self) -> list[list[Any]]:
+        """The held steps as lists, MISSING for a GPU time not known (for
+        tests and callers that want a few steps in hand; the writer takes
+        the packed buffer as it is)."""
+        buf = self.buf
+        return [
+            [MISSING if v != v else v for v in buf[i:i + WIDTH]]
+            for i in range(0, len(buf), WIDTH)
+        ]
 
     def take(self, n: int) -> None:
-        """The first `n` buffered rows are written: drop them."""
+        """The first `n` held steps are written: drop them."""
         if n > 0:
-            del self.rows[:n]
+            del self.buf[: n * WIDTH]
             self.base += n
 
     def is_eval(self, kind: int, grad: bool) -> bool:
@@ -369,7 +396,7 @@ class StepTracker:
             # t0, which is right: the loop body ended when it asked for more).
             self.open = False
             if self.on_end is not None:
-                self.on_end(self.base + len(self.rows), t0, False)
+                self.on_end(self.base + len(self.buf) // WIDTH, t0, False)
             return
         if self.closed:
             self._commit(t0, self.excl)
@@ -477,13 +504,13 @@ class StepTracker:
         self.first_ident = ident
         self._reset_accumulators()
         if self.on_begin is not None:
-            self.on_begin(self.base + len(self.rows), t)
+            self.on_begin(self.base + len(self.buf) // WIDTH, t)
 
     def _commit(self, end: float, excl: float) -> None:
         a, c = self.acc, self.calls
         origin = self.origin
-        self.rows.append(
-            [
+        self.buf.extend(
+            (
                 self.start - origin,
                 end - origin,
                 a[0],
@@ -501,7 +528,7 @@ class StepTracker:
                 MISSING,
                 MISSING,
                 MISSING,
-            ]
+            )
         )
         if self.on_end is not None:
-            self.on_end(self.base + len(self.rows) - 1, end, True)
+            self.on_end(self.base + len(self.buf) // WIDTH - 1, end, True)
