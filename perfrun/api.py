@@ -41,8 +41,15 @@ def render_run(
     output: Optional[str],
     warmup: Optional[int],
     view: Optional[dict[str, Any]] = None,
+    sink: Optional[dict[str, Any]] = None,
 ) -> Any:
+    """Print (or write to `output`) the report of `run_dir` as `fmt`, and
+    return the Report. `sink`, when given, receives the run it read
+    (`sink["run"]`), so a caller can write report.html without reading the
+    run again."""
     run = read_run(run_dir)
+    if sink is not None:
+        sink["run"] = run
     if fmt == "table" and output is None and _never_imported_torch(run):
         return _print_no_torch(run)
     from .analysis.summary import build_report
@@ -68,6 +75,12 @@ def render_run(
             }
             stream.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
             stream.flush()
+        elif fmt == "html":
+            from .report.html import write_html
+
+            # Links to the trace files are relative to where the page goes.
+            base = os.path.dirname(os.path.abspath(output)) if output is not None else None
+            write_html(report, run, stream, base)
         else:
             render(report, fmt, stream)
     if output is not None:
@@ -210,10 +223,13 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
     if settings.gated:
         gate_code = _gated(settings, outcome)
         return gate_code if gate_code != ExitCode.OK or failed is None else failed
+    sink: dict[str, Any] = {}
     try:
-        render_run(
-            outcome.run_dir, settings.format, settings.output, settings.warmup, view_of(settings)
+        report = render_run(
+            outcome.run_dir, settings.format, settings.output, settings.warmup, view_of(settings),
+            sink=sink,
         )
+        write_report_html(outcome.run_dir, report, sink.get("run"))
     except ResultsError as exc:
         _say(f"error: {exc}")
         failed = failed or ExitCode.BAD_RESULTS
@@ -234,6 +250,29 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
     if returncode == 0 and failed is not None:
         return int(failed)
     return exit_like(returncode)
+
+
+def write_report_html(
+    run_dir: str,
+    report: Any = None,
+    run: Any = None,
+    comparison: Any = None,
+    base_run: Any = None,
+) -> Optional[str]:
+    """Write `report.html` into the run folder at the end of a run: the page
+    to `scp` to a laptop. It must never cost the run its result: any
+    failure (a missing plotly, a full disk, a bug in the page) is one note
+    on stderr, and the exit status is the one the run would have had."""
+    if report is not None and not hasattr(report, "title"):
+        return None  # the short no-torch report: nothing to draw
+    try:
+        from .report.html import write_run_html
+
+        return write_run_html(run_dir, report, run, comparison, base_run)
+    except Exception as exc:  # noqa: BLE001 - a note, never the run's failure
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        _say(f"note: report.html not written ({reason})")
+        return None
 
 
 def _check_baseline_first(settings: Settings) -> Optional[int]:
@@ -355,10 +394,12 @@ def _gated(settings: Settings, outcome: Any) -> int:
     else:
         report_fmt = report_out = None
     failed: Optional[int] = None
+    report: Any = None
+    sink: dict[str, Any] = {}
     if report_fmt is not None:
         try:
-            render_run(outcome.run_dir, report_fmt, report_out, settings.warmup,
-                       view_of(settings))
+            report = render_run(outcome.run_dir, report_fmt, report_out, settings.warmup,
+                                view_of(settings), sink=sink)
         except ResultsError as exc:
             _say(f"error: {exc}")
             failed = ExitCode.BAD_RESULTS
@@ -383,7 +424,14 @@ def _gated(settings: Settings, outcome: Any) -> int:
         fmt=fmt if fmt in ("table", "markdown", "json", "junit") else "table",
         output=output if fmt == "junit" else None,
         warmup=settings.warmup,
+        sink=sink,
     )
+    # The page of a gated run holds the comparison too, when there was one.
+    if "comparison" in sink:
+        write_report_html(outcome.run_dir, sink["comparison"].current_report,
+                          sink["current_run"], sink["comparison"], sink["base_run"])
+    else:
+        write_report_html(outcome.run_dir, report, sink.get("run"))
     return code if code != ExitCode.OK or failed is None else failed
 
 
@@ -396,8 +444,10 @@ def compare(
     fmt: str = "table",
     output: Optional[str] = None,
     warmup: Optional[int] = None,
+    sink: Optional[dict[str, Any]] = None,
 ) -> int:
-    """`perfrun compare`, and the gate of a gated run."""
+    """`perfrun compare`, and the gate of a gated run. `sink`, when given,
+    receives the comparison and both runs (for the gated run's page)."""
     if output is not None:
         problem = writable_file_problem(output, "--output")
         if problem:
@@ -434,11 +484,19 @@ def compare(
         mismatches=mismatches,
         base_history=baseline_mod.load_history(baseline),
     )
+    if sink is not None:
+        sink.update(comparison=comparison, base_run=base_run, current_run=current_run)
     with _destination(output) as stream:
-        render_comparison(comparison, fmt, stream)
+        if fmt == "html":
+            from .report.html import render_comparison_html
+
+            stream.write(render_comparison_html(comparison, base_run, current_run))
+            stream.flush()
+        else:
+            render_comparison(comparison, fmt, stream)
     # Workflow commands go to stdout, unless stdout carries a document a
     # machine will parse; the runner reads them from stderr too.
-    machine = fmt in ("json", "junit") and output is None
+    machine = fmt in ("json", "junit", "html") and output is None
     _github_actions(comparison, verdict_line(comparison), sys.stderr if machine else sys.stdout)
     if comparison.problem:
         return ExitCode.NO_MEASUREMENT

@@ -32,7 +32,9 @@ from .settings import (
     parse_override,
 )
 
-COMMANDS = ("run", "report", "compare", "analyze", "combine")
+COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch")
+#: `report --format`: the report formats, and the self-contained page.
+REPORT_FORMATS = (*FORMATS, "html")
 #: `run --format`: the report formats, and JUnit for a gated run.
 RUN_FORMATS = (*FORMATS, "junit")
 #: Set to 1 to see the traceback of perfrun's own internal errors.
@@ -288,6 +290,7 @@ def cli() -> None:
     perfrun --timer-only train.py             cheap baseline: reader_cost, batch_cost, ips
     perfrun --nproc-per-node 8 train.py       under torch.distributed, per-rank results
     perfrun report perfrun_log                re-print the tables of the latest run
+    perfrun watch perfrun_log                 follow the latest run live, from another terminal
     perfrun compare base.json perfrun_log     the CI gate: is this run slower?
     perfrun analyze rank0.json.gz rank1.json.gz   window tables of torch.profiler traces
     perfrun combine node0/job-x node1/job-x   one folder from the nodes' run folders
@@ -315,7 +318,7 @@ def run_command(**kwargs: Any) -> int:
 
 @cli.command("report")
 @click.argument("log_dir", default="perfrun_log")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table")
+@click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS), default="table")
 @click.option("--output", metavar="FILE", default=None)
 @click.option("--warmup", type=int, default=None, metavar="N")
 @lambda f: _apply(_view_options(), f)
@@ -360,12 +363,43 @@ def combine_command(run_dirs: tuple[str, ...], output: Optional[str]) -> int:
     return api.combine(list(run_dirs), output)
 
 
+@cli.command("watch")
+@click.argument("log_dir", default="perfrun_log")
+@click.option(
+    "--interval",
+    type=float,
+    default=1.0,
+    metavar="S",
+    help="Seconds between reads of the ranks' files (default 1; they flush every 2).",
+)
+@click.option(
+    "--last",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Steps of each rank the rate and phase split are taken over (default 50).",
+)
+def watch_command(log_dir: str, interval: float, last: Optional[int]) -> int:
+    """Follow a run in progress live (a run folder, or a log folder's newest
+    run) until it ends, then leave its final tables on the screen."""
+    from . import watch
+
+    if interval <= 0:
+        raise SettingsError(f"--interval must be above 0, not {interval}")
+    if last is not None and last < 1:
+        raise SettingsError(f"--last must be at least 1, not {last}")
+    return watch.watch(log_dir, interval=interval, last=last or watch.LAST_STEPS)
+
+
 @cli.command("compare")
 @click.argument("baseline")
 @click.argument("current")
 @lambda f: _apply(_gate_options(), f)
 @click.option(
-    "--format", "fmt", type=click.Choice(("table", "json", "markdown", "junit")), default="table"
+    "--format",
+    "fmt",
+    type=click.Choice(("table", "json", "markdown", "junit", "html")),
+    default="table",
 )
 @click.option("--output", metavar="FILE", default=None)
 @click.option("--warmup", type=int, default=None, metavar="N")

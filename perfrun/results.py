@@ -43,7 +43,7 @@ from .schema import (
 __all__ = [
     "COL", "FORMAT", "GPU_COLUMNS", "PHASES", "STEP_COLUMNS", "VERSION", "rank_filename",
     "ResultsError", "RankResult", "RunResults", "atomic_write_text", "read_rank_file",
-    "read_run", "resolve_run_dir", "find_rank_files", "validate", "rank_alive",
+    "read_run", "resolve_run_dir", "find_rank_files", "validate", "rank_alive", "is_run_dir",
 ]
 
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
@@ -439,7 +439,7 @@ def _run_started(run_dir: str) -> float:
         return 0.0
 
 
-def _is_run_dir(path: str) -> bool:
+def is_run_dir(path: str) -> bool:
     return os.path.isdir(path) and (
         bool(find_rank_files(path)) or os.path.exists(os.path.join(path, "run.json"))
     )
@@ -453,7 +453,7 @@ def resolve_run_dir(path: str, note: Optional[Callable[[str], None]] = _say_note
     started by a perfrun that could not make links. In a log folder the
     newest existing run wins, and `note` (one line) says when that is not
     what `latest` points to, so earlier runs are never hidden behind it."""
-    if not os.path.isdir(path) or _is_run_dir(path):
+    if not os.path.isdir(path) or is_run_dir(path):
         return path
     latest = os.path.join(path, "latest")
     target = os.path.realpath(latest) if os.path.lexists(latest) else None
@@ -466,12 +466,12 @@ def resolve_run_dir(path: str, note: Optional[Callable[[str], None]] = _say_note
     runs = [
         os.path.join(path, name) for name in names
         if name != "latest" and not name.startswith(".")
-        and _is_run_dir(os.path.join(path, name))
+        and is_run_dir(os.path.join(path, name))
     ]
     if not runs:
         return target if target is not None and os.path.isdir(target) else path
     newest = max(runs, key=lambda d: (_run_started(d), os.path.basename(d)))
-    if target is not None and _is_run_dir(target):
+    if target is not None and is_run_dir(target):
         if _run_started(target) >= _run_started(newest):
             return target
         why = f"{latest} points to an older run ({os.path.basename(target)})"

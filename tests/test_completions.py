@@ -103,7 +103,9 @@ def test_bash_script_parses() -> None:
     [
         ("perfrun r", 1, ["plain,report", "plain,run"]),
         ("perfrun run --sch", 2, ["plain,--scheduler"]),
-        ("perfrun report --format ", 3, ["plain,table", "plain,json", "plain,markdown"]),
+        ("perfrun report --format ", 3,
+         ["plain,table", "plain,json", "plain,markdown", "plain,html"]),
+        ("perfrun w", 1, ["plain,watch"]),
     ],
 )
 def test_completion_answers(words: str, cword: int, expected: list[str]) -> None:

@@ -413,7 +413,8 @@ def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) ->
     assert result.returncode == 0, result.stderr
     assert "profiling disabled" not in result.stderr
     run_dir = run_dir_of(log)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["rank0.json", "rank0.steps", "run.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "rank0.json", "rank0.steps", "report.html", "run.json"]
     data = rank_data(run_dir)
     assert len(data["steps"]["rows"]) == 6
     assert [d["num_workers"] for d in data["dataloaders"]] == [2]

@@ -75,6 +75,8 @@ def test_the_readme_has_the_commands_this_test_knows() -> None:
         "perfrun --nsys train.py",
         "perfrun report perfrun_log",
         "perfrun analyze rank0.pt.trace.json.gz",
+        "perfrun report perfrun_log --format html --output report.html",
+        "perfrun watch perfrun_log",
         "perfrun --timer-only --save-baseline baseline.json train.py",
         "perfrun --timer-only --baseline baseline.json --max-regression 5% train.py",
         "perfrun compare baseline.json perfrun_log/latest --max-regression 5%",
@@ -133,6 +135,12 @@ def test_every_readme_command_runs_as_written(work: Path) -> None:
         if command == "perfrun --nsys train.py":
             [line] = done.stderr.splitlines()
             assert "nsys" in line and line.startswith("perfrun: error: "), line
+        elif "--format html" in command:
+            page = (work / "report.html").read_text(encoding="utf-8")
+            assert page.startswith("<!DOCTYPE html>") and "Perf Summary" in page
+        elif command.startswith("perfrun watch"):
+            assert "the run ended (exit status 0)" in done.stdout, described(done)
+            assert "Perf Summary" in done.stdout, described(done)
         elif command.startswith("perfrun analyze"):
             assert "606.519" in done.stdout, described(done)
         elif command.startswith("perfrun report"):

@@ -184,6 +184,8 @@ def _share(x: dict[str, Any], key: str, f: float) -> str:
 
 def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Block]:
     out: list[Block] = []
+    # The page's tables scroll (report/html.py): they may show whole names.
+    names = int(view.get("name_width") or 56)
     unit, f = _unit(view)
     limit = int(view.get("row_limit") or 20)
     sort_by = str(view.get("sort_by") or "cpu-total")
@@ -278,7 +280,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
             flops = r.get("flops")
             rows.append(
                 [
-                    _name(r["name"]),
+                    _name(r["name"], names),
                     str(r["calls"]),
                     *_times(r, f),
                     _pct(r.get("ratio")),
@@ -290,7 +292,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
                 for k in sort_rows(r.get("kernels", []), "cpu-total"):
                     rows.append(
                         [
-                            "  " + _name(k["name"], 54),
+                            "  " + _name(k["name"], names - 2),
                             str(k["calls"]),
                             *([DASH] * 5),
                             fmt_num(k.get("total"), 3, f),
@@ -319,7 +321,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
     kernels = s.get("kernels", [])
     if kernels and show("kernel"):
         rows = [
-            [_name(r["name"]), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
+            [_name(r["name"], names), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
             for r in sort_rows(kernels, sort_by)[:limit]
         ]
         kt = s.get("kernel_total") or {}
@@ -478,7 +480,7 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
     user = s.get("user_defined", [])
     if user:
         rows = [
-            [_name(r["name"]), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
+            [_name(r["name"], names), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
             for r in sort_rows(user, sort_by)[:limit]
         ]
         out.append(

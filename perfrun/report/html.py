@@ -1,0 +1,928 @@
+"""The report as one self-contained HTML page: charts where people would
+rather look than read.
+
+Why this shape:
+- One file, fully offline. The page must open from a laptop after `scp`,
+  on a cluster with no internet, so plotly's JavaScript is embedded, not
+  linked from a CDN. Plotly is the library HTA's users already know; its
+  Python package ships the minified bundle (plotly.min.js), so embedding it
+  needs no network and no build step. The charts are written as plain
+  plotly JSON (`{"data": [...], "layout": {...}}`) rather than through
+  plotly's Python figure classes: those validate every attribute and cost
+  more than the whole report, and the report is written at the end of
+  every run.
+- The tables are the text renderers' own blocks (report/common.py,
+  window_blocks.py, compare_out.py), so a number on the page is the number
+  in the terminal; the charts add what a table cannot show (step time over
+  the run, ranks side by side, the module tree, the two distributions of a
+  comparison).
+- A run of 10^6 steps would make a per-step plot of tens of MB. Past
+  MAX_BUCKETS steps, consecutive steps are grouped into equal buckets: the
+  stacked phases are each bucket's mean (so they still add up to its mean
+  step time) and the step time's min and max in each bucket are drawn as an
+  envelope, so a single slow step is never averaged away. Distributions
+  (box plots) are drawn from precomputed quartiles, never from the points.
+
+The pure functions (`step_series`, `rank_phase_medians`, `box_stats`) decide
+the numbers; the rest only lays them out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import IO, Any, Optional
+
+import numpy as np
+
+from perfrun.analysis import columns
+from perfrun.analysis.summary import (
+    PHASE_TITLES,
+    Report,
+    profiled_steps,
+    rank_window,
+    steady_table,
+)
+from perfrun.report.common import Block, LinesBlock, TableBlock, TitleBlock, blocks
+from perfrun.results import COL, PHASES, RunResults
+
+#: At most this many points per series in the step-time chart: beyond it,
+#: buckets of consecutive steps (mean phases, min / max envelope). 2,000
+#: points is about the width of a screen in pixels, so no detail a reader
+#: could see is lost, and a 10^6-step run adds ~0.5 MB to the page.
+MAX_BUCKETS = 2000
+#: Rows per window table in the page (the terminal's default is 20): the
+#: page's tables sort and filter, so they can hold every operator.
+HTML_ROW_LIMIT = 1000
+#: The file written into every run folder at the end of a run.
+REPORT_FILE = "report.html"
+
+#: Colours per phase, shared by every chart (a phase reads alike everywhere).
+PHASE_COLOURS = {
+    "dataloader": "#e4572e",
+    "forward": "#4c78a8",
+    "backward": "#72b7b2",
+    "optimization": "#f2a541",
+    "others": "#a0a0a0",
+}
+QUANTITIES = (*PHASES, "others")
+TITLES = {**PHASE_TITLES, "others": "Others", "step": "Step"}
+
+
+# -- numbers (pure) ----------------------------------------------------------------
+
+
+def _ms(values: Any) -> list[Optional[float]]:
+    """Seconds as milliseconds rounded to 0.1 us: enough digits for any step,
+    and a third of the JSON of full float64 reprs."""
+    arr = np.asarray(values, dtype=np.float64) * 1e3
+    return [round(float(v), 4) if math.isfinite(v) else None for v in arr]
+
+
+def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
+    """Per-step (or per-bucket) series of one rank's steps for the chart.
+
+    Returns `x` (each point's first step index), `size` (steps per bucket,
+    1 when every step is drawn), the mean of each phase and of Others, the
+    step time's mean, min and max, and per point the time set aside from
+    the steps (`excluded`: eval passes, DataLoader start-up, end of data,
+    the profiler) summed, with the number of steps that had any. Bucket
+    means of the phases add up to the bucket's mean step time, as each
+    step's phases add up to its time.
+    """
+    n = int(table.shape[0])
+    step = columns.step_times(table)
+    parts = {p: columns.phase_times(table, p) for p in PHASES}
+    parts["others"] = columns.others_times(table)
+    excluded = columns.num(table[:, COL["excluded"]])
+    size = max(1, math.ceil(n / max_points)) if n else 1
+    if size == 1:
+        return {
+            "x": list(range(n)),
+            "size": 1,
+            "n": n,
+            "phases": {k: v for k, v in parts.items()},
+            "step": step,
+            "min": step,
+            "max": step,
+            "excluded": excluded,
+            "excluded_steps": (excluded > 0).astype(np.int64),
+        }
+    starts = np.arange(0, n, size)
+    counts = np.diff(np.append(starts, n)).astype(np.float64)
+
+    def mean(values: Any) -> Any:
+        return np.add.reduceat(values, starts) / counts
+
+    return {
+        "x": starts.tolist(),
+        "size": size,
+        "n": n,
+        "phases": {k: mean(v) for k, v in parts.items()},
+        "step": mean(step),
+        "min": np.minimum.reduceat(step, starts),
+        "max": np.maximum.reduceat(step, starts),
+        "excluded": np.add.reduceat(excluded, starts),
+        "excluded_steps": np.add.reduceat((excluded > 0).astype(np.int64), starts),
+    }
+
+
+def box_stats(values: Any) -> Optional[dict[str, float]]:
+    """Quartiles, median, mean, min and max of `values` (seconds): a box
+    plot drawn from these costs the same for 10 steps as for 10^7."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    if not arr.size:
+        return None
+    q1, med, q3 = np.percentile(arr, [25, 50, 75])
+    return {
+        "min": float(arr.min()),
+        "q1": float(q1),
+        "median": float(med),
+        "q3": float(q3),
+        "max": float(arr.max()),
+        "mean": float(arr.mean()),
+        "n": int(arr.size),
+    }
+
+
+def _steady(report: Report, rank: Any) -> Any:
+    t = report.title
+    window = profiled_steps(rank)
+    return steady_table(rank, t.warmup, window, t.window_excluded)
+
+
+def rank_phase_medians(run: RunResults, report: Report) -> dict[str, Any]:
+    """Each rank's median time per step in each phase, Others and the whole
+    step, over its steady steps (warm-up and the detailed window left out,
+    as in the Perf Summary). Medians, not means: one slow step (a
+    checkpoint, a GC pause) must not make a rank look slow in a phase.
+
+    Returns `ranks` (rank numbers), `quantities` (phase keys, then
+    "others", "step"), `values` (seconds, ranks x quantities, None where a
+    rank has no steady step) and `slowest` (quantity -> rank), the rank with
+    the highest median per quantity when there are several ranks.
+    """
+    quantities = [*QUANTITIES, "step"]
+    ranks, values = [], []
+    for rank in run.ranks:
+        table = _steady(report, rank)
+        ranks.append(rank.rank)
+        if not table.shape[0]:
+            values.append([None] * len(quantities))
+            continue
+        row = []
+        for q in quantities:
+            if q == "step":
+                series = columns.step_times(table)
+            elif q == "others":
+                series = columns.others_times(table)
+            else:
+                series = columns.phase_times(table, q)
+            row.append(float(np.median(series)))
+        values.append(row)
+    slowest: dict[str, int] = {}
+    if len(ranks) > 1:
+        for j, q in enumerate(quantities):
+            known = [(v[j], r) for r, v in zip(ranks, values) if v[j] is not None]
+            if known and max(known)[0] > 0:
+                slowest[q] = max(known)[1]
+    return {"ranks": ranks, "quantities": quantities, "values": values, "slowest": slowest}
+
+
+# -- charts (plotly JSON) --------------------------------------------------------------
+
+
+def _layout(title: str, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+        "legend": {"orientation": "h", "y": -0.18},
+        "hovermode": "x unified",
+        "template": None,
+        "plot_bgcolor": "#ffffff",
+        "paper_bgcolor": "#ffffff",
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+    }
+    layout.update(extra)
+    return layout
+
+
+def step_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
+    """Step time over the whole run: the reference rank's phases stacked,
+    the min / max envelope, warm-up and the detailed window shaded, steps
+    holding set-aside time (eval, DataLoader start-up) marked, the steady
+    median and its 10th-90th percentile band; other ranks' step times as
+    lines that can be switched on from the legend."""
+    ref = next((r for r in run.ranks if r.rank == report.title.rank), None)
+    if ref is None or not ref.n_steps:
+        return None
+    s = step_series(ref.table)
+    x = s["x"]
+    per = "step" if s["size"] == 1 else f"bucket of {s['size']} steps"
+    data: list[dict[str, Any]] = []
+    for q in QUANTITIES:
+        data.append({
+            "type": "scatter", "mode": "lines", "name": TITLES[q], "x": x,
+            "y": _ms(s["phases"][q]), "stackgroup": "phases",
+            "line": {"width": 0.5, "color": PHASE_COLOURS[q]},
+            "hovertemplate": "%{y:.4f} ms",
+        })
+    if s["size"] > 1:
+        data.append({
+            "type": "scatter", "mode": "lines", "name": "min per bucket", "x": x,
+            "y": _ms(s["min"]), "line": {"width": 0.6, "color": "#555", "dash": "dot"},
+            "hovertemplate": "%{y:.4f} ms",
+        })
+        data.append({
+            "type": "scatter", "mode": "lines", "name": "max per bucket", "x": x,
+            "y": _ms(s["max"]), "line": {"width": 0.8, "color": "#222"},
+            "fill": "tonexty", "fillcolor": "rgba(0,0,0,0.06)",
+            "hovertemplate": "%{y:.4f} ms",
+        })
+    marks = np.nonzero(np.asarray(s["excluded_steps"]) > 0)[0]
+    if marks.size:
+        top = np.asarray(s["max"])[marks]
+        data.append({
+            "type": "scatter", "mode": "markers",
+            "name": "time set aside (eval, DataLoader start-up, profiler)",
+            "x": [x[i] for i in marks], "y": _ms(top),
+            "customdata": _ms(np.asarray(s["excluded"])[marks]),
+            "marker": {"symbol": "triangle-down", "size": 8, "color": "#7b2cbf"},
+            "hovertemplate": "set aside from the step: %{customdata:.4f} ms",
+        })
+    for other in run.ranks:
+        if other is ref or not other.n_steps:
+            continue
+        o = step_series(other.table)
+        data.append({
+            "type": "scatter", "mode": "lines", "name": f"rank {other.rank} step",
+            "x": o["x"], "y": _ms(o["step"]), "visible": "legendonly",
+            "line": {"width": 1}, "hovertemplate": "%{y:.4f} ms",
+        })
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    title = report.title
+    n = s["n"]
+
+    def region(lo: float, hi: float, colour: str, label: str) -> None:
+        shapes.append({
+            "type": "rect", "xref": "x", "yref": "paper", "x0": lo - 0.5, "x1": hi - 0.5,
+            "y0": 0, "y1": 1, "fillcolor": colour, "opacity": 0.15, "line": {"width": 0},
+            "layer": "below",
+        })
+        annotations.append({
+            "x": (lo + hi) / 2 - 0.5, "y": 1.0, "xref": "x", "yref": "paper", "text": label,
+            "showarrow": False, "yanchor": "bottom", "font": {"size": 10},
+        })
+
+    if title.warmup:
+        region(0, min(title.warmup, n), "#f4d35e", f"warm-up ({title.warmup})")
+    profiled, window = profiled_steps(ref), rank_window(ref)
+    if profiled:
+        label = f"window [{window[0]}, {window[1]})" if window else "window"
+        if window and tuple(profiled) != tuple(window):
+            label += " and the profiler's warm-up step"
+        region(profiled[0], min(profiled[1], n), "#ee964b", label)
+    steady = columns.step_times(_steady(report, ref))
+    if steady.size:
+        p10, med, p90 = (float(v) for v in np.percentile(steady, [10, 50, 90]))
+        shapes.append({
+            "type": "rect", "xref": "paper", "yref": "y", "x0": 0, "x1": 1,
+            "y0": p10 * 1e3, "y1": p90 * 1e3, "fillcolor": "#2a9d8f", "opacity": 0.12,
+            "line": {"width": 0}, "layer": "below",
+        })
+        shapes.append({
+            "type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1,
+            "y0": med * 1e3, "y1": med * 1e3, "line": {"color": "#2a9d8f", "width": 1.5,
+                                                        "dash": "dash"},
+        })
+        annotations.append({
+            "x": 1, "y": med * 1e3, "xref": "paper", "yref": "y", "xanchor": "right",
+            "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": "#1d6b62"},
+            "bgcolor": "rgba(255,255,255,0.8)",
+            "text": f"steady median {med * 1e3:.4f} ms (p10-p90 {p10 * 1e3:.4f}-"
+                    f"{p90 * 1e3:.4f} ms, {steady.size} steps)",
+        })
+    heading = f"Step time over the run (rank {ref.rank}, {n} steps, one point per {per})"
+    yaxis: dict[str, Any] = {"title": {"text": "ms"}, "rangemode": "tozero"}
+    # A few spikes (a checkpoint, a flush) in the max envelope would flatten
+    # the stacked phases into a line at the bottom: the axis starts cut
+    # above the bucket means, and double-clicking the chart shows it all.
+    means = np.asarray(s["step"])
+    top = float(np.max(s["max"])) if n else 0.0
+    if n and means.size:
+        usual = 1.5 * float(np.percentile(means, 99))
+        if top > 3 * usual > 0:
+            yaxis["range"] = [0, usual * 1e3]
+            heading += (f"<br><sup>axis cut at {usual * 1e3:.3f} ms; the slowest step took "
+                        f"{top * 1e3:.3f} ms (double-click the chart to see all)</sup>")
+    layout = _layout(
+        heading,
+        xaxis={"title": {"text": "step"}, "rangeslider": {"visible": n > 200}},
+        yaxis=yaxis,
+        margin={"l": 60, "r": 20, "t": 70, "b": 60},
+        # Below the range slider, which would otherwise cover it.
+        legend={"orientation": "h", "y": -0.6 if n > 200 else -0.2},
+        shapes=shapes,
+        annotations=annotations,
+        height=520,
+    )
+    return {"data": data, "layout": layout, "meta": {"points": len(x), "bucket": s["size"]}}
+
+
+def heatmap_chart(medians: dict[str, Any]) -> dict[str, Any]:
+    """Rank x phase: each cell's text is the rank's median ms per step in the
+    phase; its colour is that time over the phase's median across ranks, so
+    a rank slow in a small phase stands out as much as one slow in the
+    largest (coloured by raw time, the Step column would always be hottest).
+    The slowest rank per phase is boxed."""
+    quantities = medians["quantities"]
+    labels = [TITLES[q] for q in quantities]
+    ranks = medians["ranks"]
+    ms = [[None if v is None else round(v * 1e3, 4) for v in row] for row in medians["values"]]
+    typical = []
+    for j in range(len(quantities)):
+        known = [row[j] for row in ms if row[j] is not None]
+        typical.append(float(np.median(known)) if known else None)
+    z = [
+        [None if v is None else (round(v / typical[j], 4) if typical[j] else 1.0)
+         for j, v in enumerate(row)]
+        for row in ms
+    ]
+    text = [["-" if v is None else f"{v:.4f}" for v in row] for row in ms]
+    spread = max([0.1] + [abs(v - 1.0) for row in z for v in row if v is not None])
+    ylabels = [f"rank {r}" for r in ranks]
+    data: list[dict[str, Any]] = [{
+        "type": "heatmap", "x": labels, "y": ylabels, "z": z, "text": text,
+        # Blue faster, red slower than the ranks' median; at least +-10%
+        # of range, so noise between equal ranks stays pale.
+        "texttemplate": "%{text}", "colorscale": "RdBu",
+        "zmin": 1.0 - spread, "zmax": 1.0 + spread,
+        "hoverongaps": False, "colorbar": {"title": {"text": "x median"}},
+        "hovertemplate": "%{y}, %{x}: %{text} ms per step (median), %{z:.3f}x the ranks' "
+                         "median<extra></extra>",
+    }]
+    sx, sy = [], []
+    for q, r in medians["slowest"].items():
+        sx.append(TITLES[q])
+        sy.append(f"rank {r}")
+    if sx:
+        data.append({
+            "type": "scatter", "mode": "markers", "x": sx, "y": sy, "name": "slowest rank",
+            "marker": {"symbol": "square-open", "size": 30, "line": {"width": 2},
+                       "color": "#111111"},
+            "hovertemplate": "slowest in %{x}: %{y}<extra></extra>",
+        })
+    layout = _layout(
+        "Time per step by rank and phase (median over steady steps, ms; colour: against the "
+        "ranks' median; box: slowest rank)",
+        yaxis={"autorange": "reversed", "type": "category"},
+        xaxis={"type": "category"}, hovermode="closest", showlegend=False,
+        height=max(220, 80 + 40 * len(ranks)),
+    )
+    return {"data": data, "layout": layout}
+
+
+def _box(name: str, stats: dict[str, float], colour: Optional[str] = None) -> dict[str, Any]:
+    box: dict[str, Any] = {
+        "type": "box", "name": name, "x": [name],
+        "q1": [round(stats["q1"] * 1e3, 4)], "median": [round(stats["median"] * 1e3, 4)],
+        "q3": [round(stats["q3"] * 1e3, 4)], "lowerfence": [round(stats["min"] * 1e3, 4)],
+        "upperfence": [round(stats["max"] * 1e3, 4)], "mean": [round(stats["mean"] * 1e3, 4)],
+        "boxpoints": False,
+    }
+    if colour:
+        box["marker"] = {"color": colour}
+    return box
+
+
+def rank_box_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
+    """Per-rank step-time distributions over steady steps: box = quartiles,
+    whiskers = min and max, dashed = mean."""
+    data = []
+    for rank in run.ranks:
+        stats = box_stats(columns.step_times(_steady(report, rank)))
+        if stats:
+            data.append(_box(f"rank {rank.rank}", stats))
+    if not data:
+        return None
+    layout = _layout(
+        "Step time per rank (steady steps; box: quartiles, whiskers: min and max)",
+        yaxis={"title": {"text": "ms"}}, showlegend=False, hovermode="closest", height=360,
+    )
+    return {"data": data, "layout": layout}
+
+
+def overview_chart(window: dict[str, Any], rank: int) -> Optional[dict[str, Any]]:
+    """The window's Overview Summary as bars: time per event type."""
+    rows = ((window.get("ranks") or {}).get(str(rank)) or {}).get("overview") or []
+    rows = [r for r in rows if isinstance(r, dict) and r.get("time")]
+    if not rows:
+        return None
+    names = [f"{r.get('type')} ({r.get('side', 'cpu')})" for r in rows]
+    data = [{
+        "type": "bar", "orientation": "h", "y": names,
+        "x": _ms([r.get("time") or 0.0 for r in rows]),
+        "text": [f"{(r.get('ratio') or 0) * 100:.1f}%" for r in rows],
+        "textposition": "auto", "marker": {"color": "#4c78a8"},
+        "hovertemplate": "%{y}: %{x:.4f} ms (%{text})<extra></extra>",
+    }]
+    layout = _layout(
+        f"Overview of the window (rank {rank}): time per event type, ms",
+        yaxis={"autorange": "reversed", "type": "category"}, hovermode="closest",
+        height=max(220, 60 + 28 * len(rows)), margin={"l": 170, "r": 20, "t": 50, "b": 40},
+    )
+    return {"data": data, "layout": layout}
+
+
+def module_icicle(window: dict[str, Any], rank: int) -> Optional[dict[str, Any]]:
+    """The Module Summary as an icicle: each module's width is its time
+    (forward + backward, its submodules included)."""
+    modules = (((window.get("ranks") or {}).get(str(rank)) or {}).get("modules") or {})
+    rows = [r for r in modules.get("modules") or [] if isinstance(r, dict) and r.get("name")]
+    if not rows:
+        return None
+    names = {r["name"] for r in rows}
+    parent_of: dict[str, str] = {}
+    for r in rows:
+        parent = str(r.get("parent") or "")
+        while parent and parent not in names:  # an ancestor never called (ModuleList)
+            parent = parent.rsplit(".", 1)[0] if "." in parent else ""
+        parent_of[r["name"]] = "" if parent == r["name"] else parent
+    value = {r["name"]: float(r.get("total") or 0.0) for r in rows}
+    children: dict[str, list[str]] = {}
+    for name, parent in parent_of.items():
+        children.setdefault(parent, []).append(name)
+
+    def total(name: str) -> float:
+        # "total" branch values: a parent is never narrower than its children.
+        value[name] = max(value[name], sum(total(c) for c in children.get(name, [])))
+        return value[name]
+
+    for root in children.get("", []):
+        total(root)
+    ids = list(parent_of)
+    data = [{
+        "type": "icicle", "ids": ids, "labels": [n.rsplit(".", 1)[-1] for n in ids],
+        "parents": [parent_of[n] for n in ids], "values": _ms([value[n] for n in ids]),
+        "branchvalues": "total", "customdata": ids,
+        "hovertemplate": "%{customdata}: %{value:.4f} ms<extra></extra>",
+        "textinfo": "label+value",
+    }]
+    layout = _layout(
+        f"Modules of the window (rank {rank}): forward + backward ms, submodules inside",
+        margin={"l": 10, "r": 10, "t": 50, "b": 10}, height=420,
+    )
+    return {"data": data, "layout": layout}
+
+
+def comparison_charts(comparison: Any, base_run: Optional[RunResults],
+                      current_run: Optional[RunResults]) -> list[tuple[str, dict[str, Any]]]:
+    """Both runs' steady step-time distributions, and the gate's ratio with
+    its interval against the threshold."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    boxes = []
+    for label, run, rep, colour in (
+        ("baseline", base_run, comparison.base_report, "#8d99ae"),
+        ("current", current_run, comparison.current_report, "#e4572e"),
+    ):
+        if run is None or rep is None:
+            continue
+        ref = next((r for r in run.ranks if r.rank == rep.title.rank), None)
+        if ref is None:
+            continue
+        stats = box_stats(columns.step_times(_steady(rep, ref)))
+        if stats:
+            boxes.append(_box(f"{label} ({stats['n']} steps)", stats, colour))
+    if boxes:
+        out.append(("compare-dist", {
+            "data": boxes,
+            "layout": _layout("Step time, baseline and current (steady steps; box: quartiles, "
+                              "whiskers: min and max)", yaxis={"title": {"text": "ms"}},
+                              showlegend=False, hovermode="closest", height=360),
+        }))
+    gate = comparison.gate
+    if gate is not None and gate.ratio is not None:
+        low = gate.low if gate.low is not None else gate.ratio
+        high = gate.high if gate.high is not None else gate.ratio
+        colour = {"fail": "#c1121f", "pass": "#2a9d8f"}.get(gate.verdict.value, "#f2a541")
+        limit = 1.0 + gate.threshold
+        data = [{
+            "type": "scatter", "mode": "markers", "x": [round(gate.ratio, 5)], "y": ["step time"],
+            "name": "ratio current / baseline",
+            "error_x": {"type": "data", "symmetric": False,
+                        "array": [round(high - gate.ratio, 5)],
+                        "arrayminus": [round(gate.ratio - low, 5)], "thickness": 2, "width": 8},
+            "marker": {"size": 12, "color": colour},
+            "hovertemplate": "ratio %{x:.4f}<extra></extra>",
+        }]
+        lo_x = min(low, 1.0) - 0.02
+        hi_x = max(high, limit) + 0.02
+        layout = _layout(
+            f"Gate: median step-time ratio {gate.ratio:.4f} (interval {low:.4f}-{high:.4f}), "
+            f"threshold {limit:.4f}: {gate.verdict.value.upper()}",
+            xaxis={"range": [lo_x, hi_x], "title": {"text": "current / baseline"}},
+            yaxis={"type": "category"}, hovermode="closest", height=220, showlegend=False,
+            shapes=[
+                {"type": "line", "xref": "x", "yref": "paper", "x0": 1, "x1": 1, "y0": 0,
+                 "y1": 1, "line": {"color": "#555", "dash": "dot"}},
+                {"type": "line", "xref": "x", "yref": "paper", "x0": limit, "x1": limit,
+                 "y0": 0, "y1": 1, "line": {"color": "#c1121f", "dash": "dash"}},
+            ],
+        )
+        out.append(("gate", {"data": data, "layout": layout}))
+    return out
+
+
+# -- HTML ---------------------------------------------------------------------------
+
+
+def _esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.replace("%", "").replace(",", "").strip().split(" ")[0])
+        return True
+    except ValueError:
+        return False
+
+
+def _table_html(block: TableBlock) -> str:
+    many = len(block.rows) > 12
+    cls = "sortable" + (" filterable" if many else "")
+    parts = [f'<section class="block" id="{_esc(block.key)}"><h3>{_esc(block.title)}</h3>']
+    for info in block.info:
+        parts.append(f'<p class="info">{_esc(info)}</p>')
+    if many:
+        parts.append(f'<input class="filter" type="search" placeholder="filter {len(block.rows)}'
+                     f' rows" data-table="t-{_esc(block.key)}">')
+    parts.append(f'<table class="{cls}" id="t-{_esc(block.key)}"><thead><tr>')
+    for c in block.columns:
+        parts.append(f'<th class="{"l" if c.align == "left" else "r"}">{_esc(c.header)}</th>')
+    parts.append("</tr></thead><tbody>")
+    for i, row in enumerate(block.rows):
+        attrs = ' class="strong"' if i in block.strong else ""
+        parts.append(f"<tr{attrs}>")
+        for c, cell in zip(block.columns, row):
+            indent = len(cell) - len(cell.lstrip(" "))
+            style = f' style="padding-left:{0.4 + indent * 0.5:.1f}em"' if indent else ""
+            align = "l" if c.align == "left" else "r"
+            parts.append(f'<td class="{align}"{style}>{_esc(cell.strip())}</td>')
+        parts.append("</tr>")
+    parts.append("</tbody></table>")
+    for line in block.footer:
+        parts.append(f'<p class="info">{_esc(line)}</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _lines_html(block: LinesBlock) -> str:
+    title = f"<h3>{_esc(block.title)}</h3>" if block.title else ""
+    items = "".join(f"<li>{_esc(line)}</li>" for line in block.lines)
+    tag = "ul" if block.bullets else "ul class=\"plain\""
+    return (f'<section class="block {block.level}" id="{_esc(block.key)}">{title}'
+            f"<{tag}>{items}</ul></section>")
+
+
+def _title_html(block: TitleBlock) -> str:
+    rows = "".join(
+        f"<tr><th>{_esc(k)}</th><td>{'<code>' + _esc(v) + '</code>' if k in block.code_labels else _esc(v)}</td></tr>"  # noqa: E501
+        for k, v in block.entries
+    )
+    return f'<section class="block" id="title"><table class="kv">{rows}</table></section>'
+
+
+def blocks_html(items: Sequence[Block]) -> str:
+    out = []
+    for block in items:
+        if isinstance(block, TitleBlock):
+            out.append(_title_html(block))
+        elif isinstance(block, LinesBlock):
+            out.append(_lines_html(block))
+        else:
+            out.append(_table_html(block))
+    return "\n".join(out)
+
+
+def _chart_div(key: str, spec: dict[str, Any]) -> str:
+    payload = json.dumps({"data": spec["data"], "layout": spec["layout"]}, allow_nan=False,
+                         separators=(",", ":"))
+    # `</` inside a script element would end it early.
+    payload = payload.replace("</", "<\\/")
+    return (f'<div class="chart" id="chart-{_esc(key)}"></div>'
+            f'<script type="application/json" class="chart-spec" data-target="chart-{_esc(key)}">'
+            f"{payload}</script>")
+
+
+def _plotly_js() -> str:
+    """plotly's own minified bundle, from the installed plotly package (no
+    network; no import of plotly's Python side, which is slow to load)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the plotly package is not installed (pip install plotly)")
+    path = os.path.join(os.path.dirname(spec.origin), "package_data", "plotly.min.js")
+    with open(path, encoding="utf-8") as f:
+        return f.read().replace("</script", "<\\/script")
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 1.5em;color:#222}
+h1{font-size:1.4em;margin:.2em 0}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-top:.6em}
+h3{font-size:1em;margin:.8em 0 .3em}nav a{margin-right:1em}
+table{border-collapse:collapse;font-size:.85em;margin:.3em 0}
+td,th{padding:.15em .6em;border-bottom:1px solid #eee;white-space:nowrap}
+th{background:#f5f5f5;cursor:pointer;position:sticky;top:0}
+table.kv th{cursor:default;text-align:left}
+td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}td.l,th.l{text-align:left}
+tr.strong td{font-weight:600}.info{color:#555;font-size:.85em;margin:.2em 0}
+.warning{border-left:4px solid #f2a541;padding-left:.6em}
+.error{border-left:4px solid #c1121f;padding-left:.6em}
+.verdict{font-size:1.1em;font-weight:600;padding:.5em;border-radius:4px}
+.verdict.pass{background:#e0f2ef}.verdict.fail{background:#fbe0e0}
+.verdict.inconclusive,.verdict.none{background:#fdf1dc}
+.chart{width:100%;min-height:200px}.scroll{overflow-x:auto}
+input.filter{margin:.2em 0;padding:.2em;width:20em}ul.plain{list-style:none;padding-left:0}
+code{background:#f3f3f3;padding:0 .2em;word-break:break-all}
+#js-errors{color:#c1121f}
+"""
+
+SCRIPT = """
+(function(){
+  var errors = document.getElementById('js-errors');
+  window.addEventListener('error', function(e){
+    errors.textContent += 'JS error: ' + e.message + '\\n';
+  });
+  var specs = document.querySelectorAll('script.chart-spec');
+  var drawn = 0;
+  specs.forEach(function(el){
+    try {
+      var spec = JSON.parse(el.textContent);
+      Plotly.newPlot(el.dataset.target, spec.data, spec.layout,
+                     {responsive: true, displaylogo: false});
+      drawn += 1;
+    } catch (e) { errors.textContent += 'chart ' + el.dataset.target + ': ' + e + '\\n'; }
+  });
+  document.body.setAttribute('data-charts', specs.length);
+  document.body.setAttribute('data-charts-drawn', drawn);
+  function cellValue(td){
+    var t = td.textContent.trim(), v = parseFloat(t.replace(/[,%]/g, ''));
+    return isNaN(v) ? t.toLowerCase() : v;
+  }
+  document.querySelectorAll('table.sortable').forEach(function(table){
+    table.querySelectorAll('th').forEach(function(th, col){
+      th.title = 'sort';
+      th.addEventListener('click', function(){
+        var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+        var dir = th.dataset.dir === 'desc' ? 1 : -1; th.dataset.dir = dir < 0 ? 'desc' : 'asc';
+        rows.sort(function(a, b){
+          var x = cellValue(a.cells[col]), y = cellValue(b.cells[col]);
+          if (typeof x !== typeof y) return typeof x === 'number' ? -1 : 1;
+          return x < y ? -dir : x > y ? dir : 0;
+        });
+        rows.forEach(function(r){ body.appendChild(r); });
+      });
+    });
+  });
+  document.querySelectorAll('input.filter').forEach(function(input){
+    input.addEventListener('input', function(){
+      var q = input.value.toLowerCase();
+      var table = document.getElementById(input.dataset.table);
+      Array.prototype.forEach.call(table.tBodies[0].rows, function(r){
+        r.style.display = r.textContent.toLowerCase().indexOf(q) >= 0 ? '' : 'none';
+      });
+    });
+  });
+  document.body.setAttribute('data-ready', '1');
+})();
+"""
+
+
+def _page(title: str, sections: list[tuple[str, str, str]]) -> str:
+    nav = " ".join(f'<a href="#{_esc(k)}">{_esc(h)}</a>' for k, h, _ in sections if h)
+    body = "\n".join(
+        f'<section id="{_esc(k)}"><h2>{_esc(h)}</h2>{content}</section>' if h else content
+        for k, h, content in sections
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_esc(title)}</title>"
+        f"<style>{CSS}</style><script>{_plotly_js()}</script></head><body>"
+        f"<h1>{_esc(title)}</h1><nav>{nav}</nav><pre id=\"js-errors\"></pre>\n{body}\n"
+        f"<script>{SCRIPT}</script></body></html>\n"
+    )
+
+
+def _environment_html(run: RunResults) -> str:
+    from perfrun.baseline import fingerprint
+
+    fp = fingerprint(run)
+    rows = []
+    for key, value in fp.items():
+        if value in (None, [], {}, ""):
+            continue
+        if isinstance(value, (list, dict)):
+            value = json.dumps(value, sort_keys=True)
+        rows.append(f"<tr><th>{_esc(key)}</th><td><code>{_esc(value)}</code></td></tr>")
+    return f'<table class="kv" id="fingerprint">{"".join(rows)}</table>'
+
+
+def _trace_html(report: Report, run: RunResults, base_dir: Optional[str]) -> str:
+    """A link to each rank's window trace, relative to where the page is
+    written (so the run folder can be copied whole), and the one command
+    that opens it in Perfetto's UI."""
+    if report.window is None:
+        return ""
+    lines = []
+    for rank in run.ranks:
+        s = rank.data.get("window_summary") or {}
+        trace = s.get("trace") if isinstance(s, dict) else None
+        if not trace:
+            continue
+        path = os.path.join(run.run_dir, trace)
+        href = os.path.relpath(path, base_dir) if base_dir else "file://" + os.path.abspath(path)
+        lines.append(
+            f'<li>rank {rank.rank}: <a href="{_esc(href)}">{_esc(trace)}</a> — open '
+            f'<a href="https://ui.perfetto.dev">ui.perfetto.dev</a> and drop the file on it, '
+            f"or from a shell: <code>curl -LO https://raw.githubusercontent.com/google/perfetto/"
+            f"main/tools/open_trace_in_ui &amp;&amp; python3 open_trace_in_ui -i "
+            f"{_esc(os.path.abspath(path))}</code></li>"
+        )
+    return f'<ul id="traces">{"".join(lines)}</ul>' if lines else ""
+
+
+def _split(items: list[Block]) -> dict[str, list[Block]]:
+    """The report's blocks by where they go on the page."""
+    groups: dict[str, list[Block]] = {"title": [], "summary": [], "ranks": [], "window": [],
+                                      "advice": [], "rest": []}
+    summary_keys = {"perf", "model", "device", "problem"}
+    for b in items:
+        key = getattr(b, "key", None)
+        if isinstance(b, TitleBlock):
+            groups["title"].append(b)
+        elif key in summary_keys:
+            groups["summary"].append(b)
+        elif key == "ranks":
+            groups["ranks"].append(b)
+        elif key == "advice":
+            groups["advice"].append(b)
+        elif key in ("extras", "problems", "faults", "notes"):
+            groups["rest"].append(b)
+        else:  # the detailed window's tables and notes (window_blocks.py)
+            groups["window"].append(b)
+    return groups
+
+
+def _advice_html(report: Report) -> str:
+    """Each piece of advice with the numbers it quotes (its evidence)."""
+    out = []
+    for a in report.advice:
+        if not a.evidence:
+            continue
+        d = a.to_dict()
+        actions = "".join(f"<li>{_esc(x)}</li>" for x in d.get("actions") or [])
+        evidence = json.dumps(_finite(d.get("evidence")), sort_keys=True, indent=1)
+        out.append(
+            f'<div class="advice"><h3>{_esc(d.get("title"))}</h3><p>{_esc(d.get("message"))}</p>'
+            f"<p>Try:</p><ul>{actions}</ul><details><summary>the numbers it rests on"
+            f"</summary><pre>{_esc(evidence)}</pre></details></div>"
+        )
+    return "".join(out) or "<p>No advice: nothing stood out.</p>"
+
+
+def _finite(value: Any) -> Any:
+    from perfrun.report.jsonout import finite
+
+    return finite(value)
+
+
+def render_html(report: Report, run: RunResults, base_dir: Optional[str] = None,
+                comparison: Any = None, base_run: Optional[RunResults] = None) -> str:
+    """The whole page of one run (with a comparison, when the run was
+    gated). `base_dir` is the folder the page will be written to, for
+    relative links to the trace files; None for absolute ones."""
+    view = dict(report.view)
+    # The page's tables sort, filter and scroll: every row, whole names.
+    report.view = dict(view, row_limit=max(int(view.get("row_limit") or 0), HTML_ROW_LIMIT),
+                       name_width=4096)
+    try:
+        items = blocks(report)
+    finally:
+        report.view = view
+    groups = _split(items)
+    sections: list[tuple[str, str, str]] = [("head", "", blocks_html(groups["title"]))]
+    if comparison is not None:
+        sections.append(("compare", "Comparison with the baseline",
+                         comparison_body(comparison, base_run, run)))
+    chart = step_chart(run, report)
+    if chart is not None:
+        sections.append(("steps", "Step time over the run", _chart_div("steps", chart)))
+    sections.append(("summary", "Summaries", blocks_html(groups["summary"])))
+    if len(run.ranks) > 1:
+        medians = rank_phase_medians(run, report)
+        parts = [_chart_div("heatmap", heatmap_chart(medians)), _medians_table(medians)]
+        box = rank_box_chart(run, report)
+        if box is not None:
+            parts.append(_chart_div("rank-box", box))
+        parts.append(blocks_html(groups["ranks"]))
+        sections.append(("ranks", "Ranks", "".join(parts)))
+    if report.window is not None:
+        window = report.window.to_dict()
+        rank = report.title.rank
+        parts = []
+        for key, spec in (("overview", overview_chart(window, rank)),
+                          ("modules", module_icicle(window, rank))):
+            if spec is not None:
+                parts.append(_chart_div(key, spec))
+        parts.append(_trace_html(report, run, base_dir))
+        parts.append(f'<div class="scroll">{blocks_html(groups["window"])}</div>')
+        sections.append(("window", "Detailed window", "".join(parts)))
+    sections.append(("advice", "Advice", _advice_html(report)))
+    if groups["rest"]:
+        sections.append(("more", "Outside the steps, notes", blocks_html(groups["rest"])))
+    sections.append(("environment", "Environment", _environment_html(run)))
+    return _page("perfrun report", sections)
+
+
+def _medians_table(medians: dict[str, Any]) -> str:
+    """The heatmap's numbers as a table (sortable, and readable without the
+    chart)."""
+    head = "".join(f'<th class="r">{_esc(TITLES[q])}</th>' for q in medians["quantities"])
+    rows = []
+    for r, values in zip(medians["ranks"], medians["values"]):
+        cells = []
+        for q, v in zip(medians["quantities"], values):
+            mark = " *" if medians["slowest"].get(q) == r else ""
+            text = "-" if v is None else f"{v * 1e3:.4f}"
+            cells.append(f'<td class="r" data-q="{q}">{text}{mark}</td>')
+        rows.append(f'<tr data-rank="{r}"><td class="l">rank {r}</td>{"".join(cells)}</tr>')
+    return (
+        '<h3>Median ms per step (* slowest rank in the phase)</h3>'
+        f'<table class="sortable" id="rank-medians"><thead><tr><th class="l">Rank</th>{head}'
+        f'</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+
+
+def comparison_body(comparison: Any, base_run: Optional[RunResults],
+                    current_run: Optional[RunResults]) -> str:
+    from perfrun.report.compare_out import comparison_blocks, verdict_line
+
+    gate = comparison.gate
+    kind = "none" if gate is None else gate.verdict.value
+    if comparison.problem:
+        kind = "fail"
+    parts = [f'<p class="verdict {kind}" id="verdict">{_esc(verdict_line(comparison))}</p>']
+    for key, spec in comparison_charts(comparison, base_run, current_run):
+        parts.append(_chart_div(key, spec))
+    items = [b for b in comparison_blocks(comparison) if not isinstance(b, TitleBlock)
+             and getattr(b, "key", "") != "verdict"]
+    parts.append(blocks_html(items))
+    return "".join(parts)
+
+
+def render_comparison_html(comparison: Any, base_run: Optional[RunResults],
+                           current_run: Optional[RunResults]) -> str:
+    """`perfrun compare --format html`: the comparison, then the current
+    run's environment."""
+    head = TitleBlock("perfrun compare", [("Baseline", comparison.base_label),
+                                          ("Current", comparison.current_label)],
+                      code_labels=("Baseline", "Current"))
+    sections = [("head", "", blocks_html([head])),
+                ("compare", "Comparison", comparison_body(comparison, base_run, current_run))]
+    if current_run is not None and current_run.ranks:
+        sections.append(("environment", "Environment (current run)",
+                         _environment_html(current_run)))
+    return _page("perfrun compare", sections)
+
+
+def write_html(report: Report, run: RunResults, stream: IO[str],
+               base_dir: Optional[str] = None) -> None:
+    stream.write(render_html(report, run, base_dir))
+    stream.flush()
+
+
+def write_run_html(run_dir: str, report: Optional[Report] = None,
+                   run: Optional[RunResults] = None, comparison: Any = None,
+                   base_run: Optional[RunResults] = None) -> str:
+    """Write `<run_dir>/report.html` (atomically: a reader never sees half a
+    page) and return its path. `report` and `run`, when the caller already
+    has them, save reading and summarising the run again."""
+    from perfrun.results import atomic_write_text, read_run
+
+    if run is None:
+        run = read_run(run_dir)
+    if report is None:
+        from perfrun.analysis.summary import build_report
+
+        report = build_report(run)
+    page = render_html(report, run, run_dir, comparison=comparison, base_run=base_run)
+    path = os.path.join(run_dir, REPORT_FILE)
+    atomic_write_text(path, page)
+    return path

@@ -1,0 +1,293 @@
+"""`perfrun watch`: a live view of a run in progress, from a second terminal
+(or another node on a shared filesystem).
+
+Why it reads files and nothing else: the ranks already flush their results
+every 2 seconds (rank<R>.json and rank<R>.steps), atomically, so a reader
+sees whole files and never slows or touches the training processes; the
+same read path as `perfrun report` (results.read_run) gives the same
+numbers. The view is rich's Live display, kept within 80 columns so it works
+over ssh in a default terminal. When the run ends (its launcher records the
+exit status in run.json, or every rank's process is gone) the live view is
+replaced by the run's final tables, which stay on the screen.
+
+What decides (`snapshot`) is a pure function of the read run, tested
+without a terminal; `watch` only loops and draws.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from .analysis import columns
+from .exitcodes import ExitCode
+from .results import COL, PHASES, ResultsError, RunResults, read_run
+
+#: Steps the rate, the last-step figures and the phase split are taken over:
+#: recent enough to show a change, long enough not to jump at every step.
+LAST_STEPS = 50
+#: Seconds between reads; the ranks flush every 2 s, so faster shows nothing new.
+INTERVAL = 1.0
+#: Seconds between two computations of the advice: it summarises every step
+#: recorded (about a second for 10^6 steps), and changes slowly.
+ADVICE_EVERY = 10.0
+SHORT = {"dataloader": "Data", "forward": "Fwd", "backward": "Bwd",
+         "optimization": "Opt", "others": "Oth"}
+
+
+@dataclass
+class RankView:
+    rank: int
+    status: str
+    steps: int
+    rate: Optional[float]  # steps/s over the last steps
+    last: Optional[float]  # seconds, the last step
+    median: Optional[float]  # seconds, median of the last steps
+    split: dict[str, float] = field(default_factory=dict)  # phase -> share of the last steps
+
+
+@dataclass
+class Snapshot:
+    run_dir: str
+    command: Optional[str]
+    ranks: list[RankView]
+    missing: list[int]
+    slowest: Optional[tuple[int, float, float]]  # rank, its median, its excess over the median
+    advice: list[str]
+    ended: bool
+    returncode: Optional[int]
+    last: int = LAST_STEPS
+
+
+def rank_view(rank: Any, alive: Optional[bool], last: int = LAST_STEPS) -> RankView:
+    """One rank's recent figures from its flushed steps."""
+    tail, n = _tail(rank, last)
+    status = str(rank.status or "?")
+    if status == "running" and alive is False:
+        status = "died"
+    if not n:
+        return RankView(rank.rank, status, 0, None, None, None)
+    times = columns.step_times(tail)
+    span = float(columns.num(tail[-1:, COL["end"]])[0] - columns.num(tail[:1, COL["start"]])[0])
+    rate = len(tail) / span if span > 0 else None
+    total = float(times.sum())
+    split = {}
+    if total > 0:
+        for p in PHASES:
+            split[p] = float(columns.phase_times(tail, p).sum()) / total
+        split["others"] = float(columns.others_times(tail).sum()) / total
+    return RankView(rank.rank, status, n, rate, float(times[-1]), float(np.median(times)), split)
+
+
+def _tail(rank: Any, last: int) -> tuple[Any, int]:
+    """The rank's last `last` steps and its step count. From a step file
+    only the tail is read (the file is mapped): following a run of 10^7
+    steps costs what 50 steps cost, every refresh."""
+    n = int(rank.n_steps)
+    if rank.steps_file is not None:
+        from .results import load_step_table
+
+        try:
+            table = load_step_table(rank.steps_file, mapped=True)
+            n = min(n, int(table.shape[0]))
+            return np.array(table[max(0, n - last):n]), n
+        except Exception:  # noqa: BLE001 - a file being replaced: read it whole
+            pass
+    table = rank.table
+    n = int(table.shape[0])
+    return table[max(0, n - last):], n
+
+
+def run_ended(run: RunResults, live: set[int]) -> bool:
+    """The launcher recorded the exit status, or its process is gone from
+    this host (killed outright, it records nothing). Where the launcher
+    cannot be asked (another host, no run.json), when every rank has
+    written its file and each says it stopped."""
+    if isinstance(run.meta.get("returncode"), int):
+        return True
+    launcher = _launcher_alive(run.meta)
+    if launcher is not None:
+        return not launcher
+    return (bool(run.ranks) and not run.missing and not live
+            and all(r.status != "running" for r in run.ranks))
+
+
+def _launcher_alive(meta: dict[str, Any]) -> Optional[bool]:
+    pid, host = meta.get("pid"), meta.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool) or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return None
+    return True
+
+
+def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) -> Snapshot:
+    """What the live view shows of `run` now."""
+    from .api import live_ranks
+    from .results import rank_alive
+
+    live = live_ranks(run)
+    views = [rank_view(r, rank_alive(r), last) for r in run.ranks]
+    slowest = None
+    medians = [(v.median, v.rank) for v in views if v.median is not None]
+    if len(medians) > 1:
+        middle = float(np.median([m for m, _ in medians]))
+        worst, who = max(medians)
+        slowest = (who, worst, worst / middle - 1.0 if middle > 0 else 0.0)
+    advice: list[str] = []
+    if with_advice and any(r.n_steps for r in run.ranks):
+        try:
+            from .analysis.summary import build_report
+
+            report = build_report(run, alive=live)
+            # The finding, not the list of things to try: the final tables
+            # have those, and the live view must fit a terminal.
+            advice = [f"{a.title}: {a.message}" for a in report.advice if a.evidence]
+        except Exception as exc:  # noqa: BLE001 - a partial file must not end the view
+            advice = [f"(advice not available yet: {type(exc).__name__})"]
+    command = run.meta.get("command")
+    return Snapshot(
+        run_dir=run.run_dir,
+        command=" ".join(command) if isinstance(command, list) else command,
+        ranks=views,
+        missing=list(run.missing),
+        slowest=slowest,
+        advice=advice,
+        ended=run_ended(run, live),
+        returncode=run.meta.get("returncode") if isinstance(run.meta.get("returncode"), int)
+        else None,
+        last=last,
+    )
+
+
+def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def render_snapshot(snap: Snapshot, note: str = "") -> Any:
+    """The live view: a rich renderable at most 80 columns wide."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text(f"perfrun watch  {time.strftime('%H:%M:%S')}", style="bold")
+    lines: list[Any] = [head, Text(f"Run: {snap.run_dir}", overflow="fold")]
+    if snap.command:
+        lines.append(Text(f"Command: {snap.command}", overflow="fold"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for name in ("Rank", "Status", "Steps", "St/s", "Last", "Med"):
+        table.add_column(name, justify="left" if name == "Status" else "right", no_wrap=True)
+    for q in (*PHASES, "others"):
+        table.add_column(SHORT[q], justify="right", no_wrap=True)
+    for v in snap.ranks:
+        table.add_row(
+            str(v.rank), v.status, str(v.steps), _fmt(v.rate, 1, 1), _fmt(v.last, 1e3),
+            _fmt(v.median, 1e3), *(_fmt(v.split.get(q), 100, 0) for q in (*PHASES, "others")),
+        )
+    lines.append(Text(f"Each rank's last {snap.last} steps: St/s steps a second, Last and Med "
+                      "(median) step in ms, phases in % of step time", style="dim"))
+    lines.append(table)
+    if not snap.ranks:
+        lines.append(Text("waiting for the ranks' first results...", style="yellow"))
+    if snap.missing:
+        lines.append(Text(f"no results yet from rank(s) {', '.join(map(str, snap.missing))}",
+                          style="yellow"))
+    if snap.slowest is not None:
+        who, med, excess = snap.slowest
+        lines.append(Text(f"Slowest rank: {who} (median {med * 1e3:.2f} ms a step, "
+                          f"{excess * 100:+.1f}% vs the ranks' median)"))
+    if snap.advice:
+        lines.append(Text("Advice so far:", style="bold"))
+        for a in snap.advice:
+            lines.append(Text(f"  - {a}", overflow="fold"))
+    if note:
+        lines.append(Text(note, style="dim"))
+    return Group(*lines)
+
+
+def _resolve(path: str) -> Optional[str]:
+    """The run folder to watch: `path` itself, or a log folder's newest run
+    (None while it has none)."""
+    from .results import is_run_dir, resolve_run_dir
+
+    if is_run_dir(path):
+        return path
+    found = resolve_run_dir(path, note=None)
+    return found if found != path and is_run_dir(found) else None
+
+
+def watch(path: str, interval: float = INTERVAL, last: int = LAST_STEPS,
+          console: Any = None) -> int:
+    """Follow the run in `path` (a run folder, or a log folder whose newest
+    run is followed, waiting for one if it has none) until it ends, then
+    print its final report. Exit 66 when `path` does not exist, 130 on
+    Ctrl-C, else 0."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    if not os.path.isdir(path):
+        sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
+        return ExitCode.BAD_RESULTS
+    console = console or Console()
+    run: Optional[RunResults] = None
+    run_dir: Optional[str] = None
+    advice: list[str] = []
+    advice_at = 0.0
+    try:
+        with Live(Text(f"waiting for a run in {path}..."), console=console,
+                  refresh_per_second=4, transient=True) as live:
+            while True:
+                run_dir = run_dir or _resolve(path)
+                if run_dir is None:
+                    live.update(Text(f"waiting for a run in {path}..."))
+                    time.sleep(interval)
+                    continue
+                try:
+                    run = read_run(run_dir)
+                    due = time.monotonic() >= advice_at
+                    snap = snapshot(run, last, with_advice=due)
+                    if due:
+                        advice, advice_at = snap.advice, time.monotonic() + ADVICE_EVERY
+                    snap.advice = advice
+                    live.update(render_snapshot(snap))
+                except ResultsError as exc:  # a file caught between writes
+                    live.update(Text(f"reading {run_dir}: {exc}"))
+                    snap = None
+                if snap is not None and snap.ended:
+                    break
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return 130
+    assert run_dir is not None
+    return _final(run_dir, console)
+
+
+def _final(run_dir: str, console: Any) -> int:
+    """The run's final tables, left on the screen."""
+    from .analysis.summary import build_report
+    from .report.table import render_table
+
+    try:
+        run = read_run(run_dir)
+    except ResultsError as exc:
+        sys.stderr.write(f"perfrun: error: {exc}\n")
+        return ExitCode.BAD_RESULTS
+    returncode = run.meta.get("returncode")
+    console.print("perfrun watch: the run ended"
+                  + (f" (exit status {returncode})" if isinstance(returncode, int) else ""))
+    render_table(build_report(run), console)
+    return ExitCode.OK

@@ -1,0 +1,329 @@
+"""report.html (perfrun/report/html.py): the numbers it draws, checked as
+pure functions, then the page itself opened in a real headless Chromium for
+single-rank, two-rank (gloo), window and gated runs: no JavaScript error,
+every chart drawn, and the charts and tables holding the run's numbers.
+
+Chromium comes from the system's packages (.ci/run installs it); where it
+is absent the browser tests skip and say so."""
+
+from __future__ import annotations
+
+import html as htmlmod
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from builders import MS, make_rank, make_rows, make_run
+from conftest import e2e_environment
+
+from perfrun import api
+from perfrun.analysis import columns
+from perfrun.analysis.summary import build_report, profiled_steps, steady_table
+from perfrun.report import html as page
+from perfrun.results import COL, STEP_COLUMNS, read_run
+
+SCRIPTS = Path(__file__).parent / "scripts"
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(n)), None)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on PATH (CI installs it: apt-get install chromium, see .ci/run)",
+)
+
+
+# -- pure numbers -------------------------------------------------------------------
+
+
+def _table(n: int, seed: int = 0) -> Any:
+    """n steps of known phases, one slow step, and set-aside time at one step."""
+    rng = np.random.default_rng(seed)
+    t = np.full((n, len(STEP_COLUMNS)), np.nan)
+    fwd = rng.uniform(1e-3, 2e-3, n)
+    bwd = rng.uniform(2e-3, 3e-3, n)
+    fwd[n // 2] = 0.5  # one slow step that must survive downsampling
+    others = np.full(n, 1e-4)
+    excluded = np.zeros(n)
+    excluded[n // 3] = 0.25
+    dur = fwd + bwd + others + excluded
+    end = np.cumsum(dur)
+    t[:, COL["start"]] = end - dur
+    t[:, COL["end"]] = end
+    t[:, COL["forward"]] = fwd
+    t[:, COL["backward"]] = bwd
+    t[:, COL["dataloader"]] = 0.0
+    t[:, COL["optimization"]] = 0.0
+    t[:, COL["excluded"]] = excluded
+    return t
+
+
+def test_a_short_run_is_drawn_step_by_step() -> None:
+    t = _table(100)
+    s = page.step_series(t)
+    assert s["size"] == 1 and s["x"] == list(range(100))
+    assert np.allclose(s["step"], columns.step_times(t))
+    assert int(np.asarray(s["excluded_steps"]).sum()) == 1
+
+
+def test_a_long_run_is_bucketed_with_its_envelope() -> None:
+    n = 1_000_000
+    t = _table(n)
+    s = page.step_series(t)
+    assert len(s["x"]) <= page.MAX_BUCKETS and s["size"] == 500
+    step = columns.step_times(t)
+    # The envelope keeps the single slow step; the means add up per bucket.
+    assert max(s["max"]) == pytest.approx(step.max())
+    assert min(s["min"]) == pytest.approx(step.min())
+    stacked = sum(np.asarray(v) for v in s["phases"].values())
+    assert np.allclose(stacked, s["step"])
+    assert np.allclose(s["step"][:3], step[:1500].reshape(3, 500).mean(axis=1))
+    assert int(np.asarray(s["excluded_steps"]).sum()) == 1
+
+
+def test_a_million_step_page_stays_small(tmp_path: Path) -> None:
+    """The step chart adds a bounded amount whatever the run's length: the
+    whole page for 10^6 steps is plotly's bundle plus well under 1 MB."""
+    rank = make_rank([])
+    rank._table = _table(1_000_000)
+    rank._n = 1_000_000
+    run = make_run([rank], run_dir=str(tmp_path))
+    text = page.render_html(build_report(run), run)
+    data = len(text.encode()) - len(page._plotly_js().encode())
+    assert data < 1_000_000, data
+
+
+def test_box_stats() -> None:
+    b = page.box_stats([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")])
+    assert b == {"min": 1.0, "q1": 2.0, "median": 3.0, "q3": 4.0, "max": 5.0, "mean": 3.0,
+                 "n": 5}
+    assert page.box_stats([]) is None
+
+
+def test_rank_medians_name_the_slowest_rank_per_phase() -> None:
+    fast = make_rows([{"forward": 2 * MS, "backward": 4 * MS}] * 20)
+    slow = make_rows([{"forward": 3 * MS, "backward": 4 * MS}] * 20)
+    run = make_run([make_rank(fast, rank=0, world_size=2), make_rank(slow, rank=1, world_size=2)])
+    m = page.rank_phase_medians(run, build_report(run))
+    q = m["quantities"]
+    assert m["ranks"] == [0, 1]
+    assert m["values"][0][q.index("forward")] == 2 * MS
+    assert m["values"][1][q.index("forward")] == 3 * MS
+    assert m["slowest"]["forward"] == 1 and m["slowest"]["step"] == 1
+    assert "backward" in m["slowest"]  # a tie names one rank
+
+
+def test_a_failure_to_write_the_page_is_a_note(monkeypatch: Any, capsys: Any,
+                                               tmp_path: Path) -> None:
+    def broken(*_a: Any, **_k: Any) -> str:
+        raise RuntimeError("no plotly here")
+
+    monkeypatch.setattr(page, "write_run_html", broken)
+    assert api.write_report_html(str(tmp_path)) is None
+    err = capsys.readouterr().err
+    assert err == "perfrun: note: report.html not written (RuntimeError: no plotly here)\n"
+
+
+# -- real runs, opened in Chromium ----------------------------------------------------
+
+
+def _perfrun(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfrun", *args], cwd=cwd, env=e2e_environment(),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: Any) -> dict[str, Any]:
+    """One real run of each kind the page must show, made once."""
+    root = tmp_path_factory.mktemp("html")
+    out: dict[str, Any] = {}
+    _perfrun(root, "-q", "--log-dir", "single", str(SCRIPTS / "train_with_eval.py"),
+             "--samples", "160")
+    _perfrun(root, "-q", "--log-dir", "ddp", "--nproc-per-node", "2", str(SCRIPTS / "proc_ddp.py"),
+             "--steps", "40")
+    _perfrun(root, "-q", "--log-dir", "win", "--scheduler", "3", "6", str(SCRIPTS / "win_train.py"))
+    _perfrun(root, "-q", "--log-dir", "base", "--save-baseline", "base.json",
+             str(SCRIPTS / "gate_train.py"), "--steps", "60")
+    gated = _perfrun(root, "-q", "--log-dir", "gated", "--baseline", "base.json",
+                     "--max-regression", "5%", str(SCRIPTS / "gate_train.py"), "--steps", "60",
+                     "--slow-ms", "20", check=False)
+    # 10x slower steps: a regression; on a very busy machine the gate may
+    # call it inconclusive instead, and the page must say whichever it was.
+    assert gated.returncode in (0, 68), gated.stderr
+    out["verdict"] = "fail" if gated.returncode == 68 else "inconclusive"
+    for name in ("single", "ddp", "win", "gated"):
+        out[name] = Path(os.path.realpath(root / name / "latest"))
+    out["root"] = root
+    return out
+
+
+def _open(path: Path) -> tuple[str, list[str]]:
+    """The page's DOM after its scripts ran, and the console messages."""
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
+         "--v=0", "--virtual-time-budget=10000", "--dump-dom", path.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    return proc.stdout, console
+
+
+def _check_rendered(dom: str, console: list[str]) -> None:
+    assert console == []
+    assert 'data-ready="1"' in dom
+    charts = re.search(r'data-charts="(\d+)"', dom)
+    drawn = re.search(r'data-charts-drawn="(\d+)"', dom)
+    assert charts and drawn and charts.group(1) == drawn.group(1), "a chart was not drawn"
+    assert re.search(r'<pre id="js-errors"></pre>', dom), "a JS error was caught"
+    # Every chart's div holds plotly's SVG.
+    assert dom.count('class="main-svg"') >= int(charts.group(1))
+
+
+def _svg_texts(dom: str, chart: str) -> list[str]:
+    start = dom.index(f'id="chart-{chart}"')
+    end = dom.find('class="chart-spec"', start)
+    texts = re.findall(r"<text[^>]*>(.*?)</text>", dom[start:end], flags=re.S)
+    # A multi-line label is <tspan>s: their texts joined by a space.
+    return [htmlmod.unescape(" ".join(re.findall(r">([^<]+)<", f">{t}<"))) for t in texts]
+
+
+def test_every_run_folder_holds_its_page(runs: dict[str, Any]) -> None:
+    for name in ("single", "ddp", "win", "gated"):
+        assert (runs[name] / "report.html").stat().st_size > 1_000_000
+
+
+@needs_chromium
+def test_single_rank_page_renders_with_the_runs_numbers(runs: dict[str, Any]) -> None:
+    dom, console = _open(runs["single"] / "report.html")
+    _check_rendered(dom, console)
+    report = build_report(read_run(str(runs["single"]))).to_dict()
+    perf = report["perf"]
+    text = htmlmod.unescape(dom)
+    for key in ("reader_cost", "batch_cost"):
+        assert f"{perf[key]['avg'] * 1e3:.5f}" in text
+    for section in ("Perf Summary", "Model Summary", "Device Summary", "Advice", "Environment"):
+        assert section in text
+    titles = _svg_texts(dom, "steps")
+    assert any("Step time over the run" in t for t in titles)
+    assert any(t.startswith("steady median") for t in titles)
+    assert any(t.startswith("warm-up") for t in titles)
+    # eval passes marked: the steps that held them
+    assert "time set aside (eval, DataLoader start-up, profiler)" in text
+    # the advice's numbers are on the page
+    for advice in report["advice"]:
+        assert json.dumps(advice["evidence"], sort_keys=True, indent=1).splitlines()[1].strip() \
+            in text
+
+
+@needs_chromium
+def test_two_rank_heatmap_cells_are_the_per_rank_medians(runs: dict[str, Any]) -> None:
+    run_dir = runs["ddp"]
+    dom, console = _open(run_dir / "report.html")
+    _check_rendered(dom, console)
+    run = read_run(str(run_dir))
+    report = build_report(run)
+    t = report.title
+    cells = _svg_texts(dom, "heatmap")
+    expected = []
+    for rank in run.ranks:
+        table = steady_table(rank, t.warmup, profiled_steps(rank), t.window_excluded)
+        assert table.shape[0] == report.to_dict()["ranks"]["rows"][rank.rank]["counted"]
+        for series in (
+            *(columns.phase_times(table, p) for p in ("dataloader", "forward", "backward",
+                                                       "optimization")),
+            columns.others_times(table), columns.step_times(table),
+        ):
+            expected.append(f"{round(float(np.median(series)) * 1e3, 4):.4f}")
+    numbers = [c for c in cells if re.fullmatch(r"\d+\.\d{4}", c)]
+    assert numbers == expected
+    assert "rank-medians" in dom and "rank-box" in dom
+    assert len(re.findall(r"slowest rank", dom)) >= 1
+
+
+@needs_chromium
+def test_window_page_has_overview_modules_tables_and_trace(runs: dict[str, Any]) -> None:
+    run_dir = runs["win"]
+    dom, console = _open(run_dir / "report.html")
+    _check_rendered(dom, console)
+    window = build_report(read_run(str(run_dir))).window.to_dict()["ranks"]["0"]
+    bars = _svg_texts(dom, "overview")
+    assert any("ProfileStep" in b for b in bars)
+    icicle = _svg_texts(dom, "modules")
+    for module in window["modules"]["modules"]:  # each module's box: its name and its ms
+        label = f"{module['name'].rsplit('.', 1)[-1]} {round(module['total'] * 1e3, 4)}"
+        assert label in icicle
+    # every operator, in a table that sorts and filters
+    assert 'id="t-operator"' in dom and 'data-table="t-operator"' in dom
+    for op in window["operators"]:
+        assert htmlmod.escape(op["name"]) in dom
+    assert 'href="trace/rank0.pt.trace.json"' in dom and "open_trace_in_ui" in dom
+    assert (run_dir / "trace" / "rank0.pt.trace.json").exists()
+
+
+@needs_chromium
+def test_gated_page_shows_the_comparison(runs: dict[str, Any]) -> None:
+    dom, console = _open(runs["gated"] / "report.html")
+    _check_rendered(dom, console)
+    verdict = str(runs["verdict"])
+    assert re.search(rf'class="verdict {verdict}" id="verdict">{verdict.upper()}', dom)
+    gate = _svg_texts(dom, "gate")
+    assert any(t.startswith("Gate: median step-time ratio") and t.endswith(verdict.upper())
+               for t in gate)
+    dist = _svg_texts(dom, "compare-dist")
+    assert any(t.startswith("baseline (") for t in dist)
+    assert any(t.startswith("current (") for t in dist)
+
+
+@needs_chromium
+def test_compare_and_report_write_html_on_request(runs: dict[str, Any]) -> None:
+    root = runs["root"]
+    proc = _perfrun(root, "compare", "base.json", str(runs["gated"]), "--max-regression", "5%",
+                    "--format", "html", "--output", "cmp.html", check=False)
+    assert proc.returncode in (0, 68), proc.stderr
+    dom, console = _open(root / "cmp.html")
+    _check_rendered(dom, console)
+    assert 'id="verdict"' in dom and 'id="fingerprint"' in dom
+    assert 'id="chart-compare-dist"' in dom and 'id="chart-gate"' in dom
+    _perfrun(root, "report", str(runs["win"]), "--format", "html", "--output", "win.html")
+    dom, console = _open(root / "win.html")
+    _check_rendered(dom, console)
+    # written elsewhere, the trace link still reaches the run folder's trace
+    link = re.search(r'href="([^"]*rank0\.pt\.trace\.json)"', dom)
+    assert link and (root / link.group(1)).resolve().exists()
+
+
+def test_report_of_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    proc = _perfrun(tmp_path, "report", "nowhere", "--format", "html", check=False)
+    assert proc.returncode == 66
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def test_a_run_whose_page_cannot_be_written_keeps_its_exit_status(tmp_path: Path) -> None:
+    """A plotly without its JavaScript bundle (here a stand-in package put
+    first on the path): the run reports, says so in one note, and exits as
+    the script did."""
+    fake = tmp_path / "fake" / "plotly"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("", encoding="utf-8")
+    env = dict(e2e_environment(), PYTHONPATH=str(tmp_path / "fake"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfrun", "-q", "--log-dir", "log", str(SCRIPTS / "proc_train.py")],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Perf Summary" in proc.stdout
+    [note] = [line for line in proc.stderr.splitlines() if "report.html" in line]
+    assert note.startswith("perfrun: note: report.html not written (FileNotFoundError: ")
+    assert not list((tmp_path / "log").glob("*/report.html"))

@@ -1,0 +1,166 @@
+"""`perfrun watch` (perfrun/watch.py): the figures of the live view as pure
+functions over hand-built results, then the real thing: a two-rank gloo run
+followed in a real 80-column terminal (tmux), its screen read while the run
+trains and after it ends.
+
+tmux comes from the system's packages (.ci/run installs it); where it is
+absent the terminal test skips and says so."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import MS, make_rank, make_rows, make_run
+from conftest import e2e_environment
+
+from perfrun import watch
+from perfrun.cli import main
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TMUX = shutil.which("tmux")
+needs_tmux = pytest.mark.skipif(
+    TMUX is None, reason="no tmux on PATH (CI installs it: apt-get install tmux, see .ci/run)"
+)
+
+
+def test_rank_view_takes_the_last_steps() -> None:
+    rows = make_rows([{"forward": MS, "backward": 2 * MS, "others": MS}] * 10
+                     + [{"forward": 3 * MS, "backward": 4 * MS, "others": MS}] * 4)
+    view = watch.rank_view(make_rank(rows, status="running"), alive=True, last=4)
+    assert view.steps == 14 and view.status == "running"
+    assert view.last == 8 * MS and view.median == 8 * MS
+    assert view.rate == pytest.approx(4 / (32 * MS))
+    assert view.split["forward"] == pytest.approx(3 / 8)
+    assert view.split["others"] == pytest.approx(1 / 8)
+    assert sum(view.split.values()) == pytest.approx(1.0)
+
+
+def test_a_running_rank_whose_process_is_gone_died() -> None:
+    view = watch.rank_view(make_rank([], status="running"), alive=False)
+    assert view.status == "died" and view.steps == 0 and view.rate is None
+
+
+def test_snapshot_names_the_slowest_rank_and_when_the_run_ended() -> None:
+    fast = make_rows([{"forward": MS, "backward": MS}] * 10)
+    slow = make_rows([{"forward": 3 * MS, "backward": MS}] * 10)
+    ranks = [make_rank(fast, rank=0, world_size=2, hostname="elsewhere"),
+             make_rank(slow, rank=1, world_size=2, hostname="elsewhere")]
+    running = make_run(ranks, meta={"command": ["perfrun", "train.py"]})
+    snap = watch.snapshot(running, with_advice=False)
+    assert snap.slowest is not None
+    who, median, excess = snap.slowest
+    assert who == 1 and median == 4 * MS and excess == pytest.approx(4 / 3 - 1)
+    assert snap.ended  # both rank files say finished, and no launcher to ask
+    assert snap.command == "perfrun train.py"
+    still = [make_rank(fast, rank=0, status="running", hostname="elsewhere")]
+    assert not watch.snapshot(make_run(still, meta={"pid": 1, "host": "elsewhere"}),
+                              with_advice=False).ended
+    assert watch.snapshot(make_run(still, meta={"returncode": 0}), with_advice=False).ended
+
+
+def test_watch_of_a_missing_folder_is_one_line(capsys: Any, tmp_path: Path) -> None:
+    assert main(["watch", str(tmp_path / "nowhere")]) == 66
+    assert capsys.readouterr().err == f"perfrun: error: no such folder: {tmp_path / 'nowhere'}\n"
+    assert main(["watch", str(tmp_path), "--interval", "0"]) == 64
+
+
+# -- a real run, in a real terminal --------------------------------------------------
+
+
+class Terminal:
+    """A tmux server of the test's own (its own socket), 80 x 40."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.socket = f"perfrun-test-{os.getpid()}-{tmp.name}"
+
+    def tmux(self, *args: str) -> str:
+        assert TMUX is not None
+        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+
+    def start(self, command: str) -> None:
+        self.tmux("new-session", "-d", "-x", "80", "-y", "40", "-s", "watch", command)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "watch")
+
+    def wait_for(self, predicate: Any, timeout: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            time.sleep(0.5)
+        raise AssertionError(f"timed out; the screen was:\n{screen}")
+
+    def close(self) -> None:
+        subprocess.run([TMUX or "tmux", "-L", self.socket, "kill-server"], capture_output=True,
+                       timeout=30)
+
+
+def _rank_line(screen: str, rank: int) -> list[str]:
+    for line in screen.splitlines():
+        cells = line.split()
+        if len(cells) >= 11 and cells[0] == str(rank) and cells[1] in ("running", "finished"):
+            return cells
+    return []
+
+
+@needs_tmux
+def test_watch_follows_a_two_rank_run_live_and_leaves_the_final_tables(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.mkdir()
+    stop = tmp_path / "stop"
+    env = e2e_environment()
+    term = Terminal(tmp_path)
+    # The view starts first, on an empty log folder, and waits for the run.
+    cmd = (f"cd {tmp_path} && PYTHONPATH={Path(__file__).parents[1]} {sys.executable} -m perfrun "
+           f"watch {log} --interval 0.5; echo WATCH-EXIT=$?; sleep 600")
+    term.start(f"env OMP_NUM_THREADS=1 sh -c '{cmd}'")
+    run = None
+    try:
+        term.wait_for(lambda s: "waiting for a run in" in s, timeout=30)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "perfrun", "-q", "--log-dir", str(log), "--nproc-per-node",
+             "2", str(SCRIPTS / "watch_ddp.py"), "--stop-file", str(stop)],
+            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+        def both_running(screen: str) -> bool:
+            r0, r1 = _rank_line(screen, 0), _rank_line(screen, 1)
+            return bool(r0 and r1 and r0[1] == r1[1] == "running" and int(r0[2]) > 20)
+
+        first = term.wait_for(both_running)
+        assert "perfrun watch" in first and "Slowest rank:" in first
+        for line in first.splitlines():
+            assert len(line) <= 80
+        assert "…" not in first.split("Slowest rank:")[0]  # no column cut short
+        steps_then = int(_rank_line(first, 0)[2])
+        later = term.wait_for(lambda s: _rank_line(s, 0)
+                              and int(_rank_line(s, 0)[2]) > steps_then, timeout=30)
+        r0 = _rank_line(later, 0)
+        assert float(r0[3]) > 0  # steps a second
+        assert sum(int(c) for c in r0[6:11]) in range(98, 103)  # phase split in %
+        stop.touch()
+        _out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        final = term.wait_for(lambda s: "WATCH-EXIT=" in s)
+        assert "WATCH-EXIT=0" in final
+        assert "perfrun watch: the run ended (exit status 0)" in final
+        for section in ("Perf Summary", "Model Summary", "Ranks"):
+            assert section in final
+        assert "St/s" not in final.split("the run ended")[1]  # the live view is gone
+    finally:
+        if run is not None and run.poll() is None:
+            stop.touch()
+            run.wait(timeout=60)
+        term.close()
