@@ -12,7 +12,10 @@ perfrun that mis-timed a step could not hide its own cost.
 
 Per configuration it reports the median over pairs of perfrun step / plain
 step, the range of that ratio over pairs, and the median over pairs of the
-difference per step. With --scheduler the steps inside the detailed window
+difference per step (what perfrun adds to a step, in microseconds where the
+targets are set that way: (a) and (d), whose steps are well under a
+millisecond). What perfrun adds to module calls below the model is (e), a
+forward of 1,000 submodule calls, less (f), the same loop with none. With --scheduler the steps inside the detailed window
 and the steps away from it are reported apart. It also times the launcher: the
 wall time of `perfrun --timer-only noop.py` against `python noop.py` (a
 script that imports nothing), and of a script that only imports torch.
@@ -43,25 +46,38 @@ WORKLOAD_DIR = os.path.join(HERE, "workloads")
 
 @dataclass(frozen=True)
 class Workload:
-    key: str  # (a), (b), (c)
+    key: str  # (a), (b), ...
     name: str
     steps: int
     quick_steps: int
     warmup: int
+    # The script, when it is not NAME.py, and its arguments after STEPS WARMUP.
+    script_name: str = ""
+    extra: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ("timer-only", "default", "scheduler")
 
     @property
     def script(self) -> str:
-        return os.path.join(WORKLOAD_DIR, f"{self.name}.py")
+        return os.path.join(WORKLOAD_DIR, f"{self.script_name or self.name}.py")
 
     @property
     def label(self) -> str:
         return f"{self.key} {self.name}"
 
 
+FAST = ("timer-only", "default")
 WORKLOADS = (
     Workload("(a)", "tiny_mlp", steps=3000, quick_steps=1000, warmup=200),
     Workload("(b)", "small_transformer", steps=60, quick_steps=20, warmup=5),
     Workload("(c)", "dataloader_bound", steps=300, quick_steps=100, warmup=20),
+    # A sub-millisecond step that fetches from a DataLoader: every hooked
+    # call of a training loop, and nothing to hide their cost.
+    Workload("(d)", "loader_mlp", steps=3000, quick_steps=1000, warmup=200, modes=FAST),
+    # 1,000 submodule calls a forward, and the same loop without them: the
+    # difference between the two is what perfrun adds to those calls.
+    Workload("(e)", "many_modules", steps=1000, quick_steps=300, warmup=100, modes=FAST),
+    Workload("(f)", "no_submodules", steps=1000, quick_steps=300, warmup=100,
+             script_name="many_modules", extra=("0",), modes=FAST),
 )
 MODES = ("timer-only", "default", "scheduler")
 OUTSIDE, INSIDE = "scheduler, outside window", "scheduler, in window"
@@ -71,7 +87,11 @@ TARGETS = (
     ("small_transformer", "timer-only", "pct", 1.0),
     ("dataloader_bound", "timer-only", "pct", 1.0),
     ("small_transformer", "default", "pct", 2.0),
+    ("loader_mlp", "timer-only", "us", 10.0),
+    ("loader_mlp", "default", "us", 20.0),
 )
+# What perfrun adds to 1,000 submodule calls: (e) less (f), per step.
+SUBMODULES = ("many_modules", "no_submodules", 10.0)
 STARTUP_LIMIT_MS = 150.0
 
 
@@ -163,8 +183,10 @@ def read_perfrun_results(log_dir: str) -> Optional[dict[str, Any]]:
         with open(os.path.join(sorted(run_dirs)[-1], "rank0.json")) as f:
             doc = json.load(f)
         window = doc.get("window_summary") or None
+        steps = doc.get("steps", {})
         return {
-            "steps": len(doc.get("steps", {}).get("rows", [])),
+            # The rows themselves, or (results format 2) their count.
+            "steps": int(steps["count"]) if "count" in steps else len(steps.get("rows", [])),
             "faults": doc.get("faults", []),
             "notes": doc.get("notes", []),
             "window_recorded": window is not None,
@@ -307,6 +329,20 @@ def verdicts(steps: list[dict[str, Any]], startup: list[dict[str, Any]]) -> list
             value, lo, hi = ((s[k] - 1) * 100 for k in ("ratio_median", "ratio_min", "ratio_max"))
             text = f"{value:+.2f}% step time (limit {limit:g}%)"
         out.append(_verdict(f"{mode} on {r['label']}", text, value, lo, hi, limit))
+    with_calls, without, limit = SUBMODULES
+    for mode in FAST:
+        a, b = by_key.get((with_calls, mode)), by_key.get((without, mode))
+        if a is None or b is None:
+            continue
+        # Two sets of pairs: the difference of their medians, and the widest
+        # difference their ranges allow.
+        sa, sb = a["stats"], b["stats"]
+        value = (sa["diff_median"] - sb["diff_median"]) * 1e6
+        lo = (sa["diff_min"] - sb["diff_max"]) * 1e6
+        hi = (sa["diff_max"] - sb["diff_min"]) * 1e6
+        text = (f"{value:+.1f} us a step for 1,000 submodule calls ({a['label']} less "
+                f"{b['label']}; limit {limit:g} us)")
+        out.append(_verdict(f"{mode}, 1,000 submodule calls", text, value, lo, hi, limit))
     for r in startup:
         if r["script"] == "noop.py" and r["mode"] == "timer-only":
             s = r["stats"]
@@ -336,10 +372,10 @@ def measure_workload(
     runner: Runner, wl: Workload, quick: bool, pairs: int
 ) -> tuple[list[dict[str, Any]], list[RunResult]]:
     steps = wl.quick_steps if quick else wl.steps
-    wl_args = [str(steps), str(wl.warmup)]
+    wl_args = [str(steps), str(wl.warmup), *wl.extra]
     window = window_for(wl, steps)
     # --quick keeps the (costly, not gated) window to (b).
-    modes = [m for m in MODES if not (quick and m == "scheduler" and wl.key != "(b)")]
+    modes = [m for m in wl.modes if not (quick and m == "scheduler" and wl.key != "(b)")]
     runs: dict[str, tuple[list[RunResult], list[RunResult]]] = {m: ([], []) for m in modes}
     # Rounds over the modes, so each mode's pairs spread over the same period;
     # odd rounds run perfrun first.

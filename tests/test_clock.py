@@ -399,3 +399,70 @@ def test_buffered_clock_reports_a_failing_replay_and_goes_on() -> None:
     buffered.exit()
     buffered.drain()
     assert inner.tracker.open
+
+
+def test_events_as_the_hooks_record_them() -> None:
+    """The hooks hand the clock one tuple per edge; FETCHED ends a fetch and
+    gives its samples in one event."""
+    from perfrun.runtime.clock import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
+
+    time = FakeTime(0.0)
+    direct = PhaseClock(StepTracker("auto"), now=time)
+    recorded = PhaseClock(StepTracker("auto"), now=time)
+    recorded.event((OPTIM,))
+    direct.optimizer_built()
+    recorded.event((ITER, 0.0, 1.0))
+    direct.iterator_made(0.0, 1.0)
+    t = 1.0
+    for _ in range(3):
+        recorded.event((ENTER, DATA, t, True, None))
+        recorded.event((FETCHED, t + 2, 8))
+        recorded.event((ENTER, FWD, t + 2, True, 1))
+        recorded.event((EXIT, t + 5, False))
+        recorded.event((ENTER, OPT, t + 5, True, 7))
+        recorded.event((EXIT, t + 6, False))
+        for kind, start, end in ((DATA, t, t + 2), (FWD, t + 2, t + 5), (OPT, t + 5, t + 6)):
+            direct.enter_at(kind, start, True, {FWD: 1, OPT: 7}.get(kind))
+            direct.exit_at(end)
+            if kind == DATA:
+                direct.fetched(8)
+        t += 6
+    recorded.event((ENTER, DATA, t, True, None))
+    recorded.event((STOP, t + 1))
+    direct.enter_at(DATA, t, True, None)
+    direct.fetch_stopped_at(t + 1)
+    recorded.tracker.finish(t + 1)
+    direct.tracker.finish(t + 1)
+    assert recorded.tracker.rows == direct.tracker.rows
+    assert len(recorded.tracker.rows) == 3
+    assert {row[11] for row in recorded.tracker.rows} == {8}  # samples
+
+
+def test_going_live_replays_what_was_buffered_first() -> None:
+    from perfrun.runtime.clock import EXIT, BufferedClock
+
+    time = FakeTime(0.0)
+    inner = PhaseClock(StepTracker("auto"), now=time)
+    buffered = BufferedClock(inner, interval=1e9)
+    direct = PhaseClock(StepTracker("auto"), now=time)
+    for clock in (buffered, direct):
+        clock.enter_at(FWD, 1.0, True, "model")
+        clock.exit_at(2.0)
+        clock.enter_at(OPT, 2.0, True, "opt")
+    assert not inner.tracker.open  # all three still in the buffer
+    buffered.set_live(True)
+    assert inner.tracker.open and inner.depth() == 1
+    # From now on each event reaches the state machine as it is recorded.
+    buffered.record((EXIT, 3.0, False))
+    direct.exit_at(3.0)
+    assert inner.tracker.closed
+    assert buffered.buf == []
+    buffered.set_live(False)
+    for clock in (buffered, direct):
+        clock.enter_at(FWD, 4.0, True, "model")
+        clock.exit_at(5.0)
+    assert inner.depth() == 0 and len(buffered.buf) == 2
+    buffered.drain()
+    inner.tracker.finish(6.0)
+    direct.tracker.finish(6.0)
+    assert inner.tracker.rows == direct.tracker.rows

@@ -1,12 +1,19 @@
 """The phase clock: a stack of open phases on the hot path.
 
-Each phase edge is one clock read and a few list operations. A phase nested
-in another (LBFGS runs forward and backward inside `optimizer.step`) is
-subtracted from its parent, so no time is counted twice; a phase nested in a
-phase of the same kind (`GradScaler.step` calling `optimizer.step`) is one
-call. Every edge but those folded calls reaches the listener (NVTX, CUDA
-events, the window's ranges), nested or not, so the trace and the timeline
-show the phases the rows count. Analysis happens after the run, never here.
+A hook reports each edge as one event, a tuple of what it read (below), to
+`record`: the PhaseClock's own `event` when something needs each edge the
+moment it happens (NVTX ranges, CUDA events, the profiler window,
+--stop-after), else the append of the BufferedClock's list, replayed through
+the same `event` in batches. Either way an edge costs the hook one clock read,
+one tuple and one call, and the hooks have a single code path.
+
+A phase nested in another (LBFGS runs forward and backward inside
+`optimizer.step`) is subtracted from its parent, so no time is counted twice;
+a phase nested in a phase of the same kind (`GradScaler.step` calling
+`optimizer.step`) is one call. Every edge but those folded calls reaches the
+listener (NVTX, CUDA events, the window's ranges), nested or not, so the
+trace and the timeline show the phases the rows count. Analysis happens
+after the run, never here.
 """
 
 from __future__ import annotations
@@ -19,9 +26,23 @@ from .steps import StepTracker
 # Called at each phase edge, nested ones included: (kind, is_enter, is_eval).
 EdgeListener = Callable[[int, bool, bool], None]
 
+# The events, by their first item:
+#   (ENTER, kind, t, grad, ident)  a phase starts (ident: the module called,
+#                                  the optimizer stepped)
+#   (EXIT, t, failed)              the innermost phase ends (failed: it raised)
+#   (FETCHED, t, samples)          the innermost phase, a fetch, ends with a
+#                                  batch of `samples` samples (0: not counted)
+#   (STOP, t)                      the innermost phase, a fetch, raised
+#                                  StopIteration: no batch
+#   (ITER, t0, t1)                 `iter(DataLoader)` ran from t0 to t1
+#   (OPTIM,)                       an optimizer was built
+ENTER, EXIT, FETCHED, STOP, ITER, OPTIM = range(6)
+
+_NEVER = float("inf")
+
 
 class PhaseClock:
-    __slots__ = ("tracker", "stack", "listener", "now")
+    __slots__ = ("tracker", "stack", "listener", "now", "last", "record")
 
     def __init__(self, tracker: StepTracker, now: Callable[[], float] = perf_counter) -> None:
         self.tracker = tracker
@@ -31,52 +52,79 @@ class PhaseClock:
         self.stack: list[list] = []
         self.listener: Optional[EdgeListener] = None
         self.now = now
+        # Where the hooks send events: straight to the state machine. And
+        # nothing to drain, ever (the hooks compare with the BufferedClock's).
+        self.record: Callable[[tuple], None] = self.event
+        self.last = _NEVER
+
+    def event(self, ev: tuple) -> None:
+        """One event (see the codes above). Enter and exit are written out
+        here rather than called: they run at every edge."""
+        code = ev[0]
+        stack = self.stack
+        if code == ENTER:
+            _, kind, t, grad, ident = ev
+            listener = self.listener
+            if stack:
+                top = stack[-1]
+                if top[0] == kind:
+                    stack.append(top)
+                    return
+                is_eval = top[3]
+                stack.append([kind, t, 0.0, is_eval])
+                if listener is not None:
+                    listener(kind, True, is_eval)
+                return
+            tracker = self.tracker
+            is_eval = tracker.begin(kind, t, grad, ident)
+            if tracker.resume > t:
+                # perfrun's own work ran at this edge (see StepTracker.own_work).
+                t = tracker.resume
+            if listener is not None:
+                listener(kind, True, is_eval)
+            stack.append([kind, t, 0.0, is_eval])
+        elif code == EXIT:
+            if not stack:
+                return
+            entry = stack.pop()
+            if stack and stack[-1] is entry:
+                return  # a folded same-kind call
+            kind, t0, child, is_eval = entry
+            _, t, failed = ev
+            duration = t - t0
+            if stack:
+                stack[-1][2] += duration
+            listener = self.listener
+            if listener is not None:
+                listener(kind, False, is_eval)
+            if failed:
+                self.tracker.end(kind, t, duration - child, is_eval, failed=True)
+            else:
+                self.tracker.end(kind, t, duration - child, is_eval)
+        elif code == FETCHED:
+            self.event((EXIT, ev[1], False))
+            if ev[2]:
+                self.fetched(ev[2])
+        elif code == STOP:
+            self.fetch_stopped_at(ev[1])
+        elif code == ITER:
+            self.iterator_made(ev[1], ev[2])
+        elif code == OPTIM:
+            self.optimizer_built()
 
     def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
-        self.enter_at(kind, self.now(), grad, ident)
+        self.event((ENTER, kind, self.now(), grad, ident))
 
     def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
-        stack = self.stack
-        if stack:
-            top = stack[-1]
-            if top[0] == kind:
-                stack.append(top)
-                return
-            stack.append([kind, t, 0.0, top[3]])
-            if self.listener is not None:
-                self.listener(kind, True, top[3])
-            return
-        tracker = self.tracker
-        is_eval = tracker.begin(kind, t, grad, ident)
-        if tracker.resume > t:
-            # perfrun's own work ran at this edge (see StepTracker.own_work).
-            t = tracker.resume
-        if self.listener is not None:
-            self.listener(kind, True, is_eval)
-        stack.append([kind, t, 0.0, is_eval])
+        self.event((ENTER, kind, t, grad, ident))
 
     def exit(self, failed: bool = False) -> None:
         """The innermost phase ends; `failed` when the call raised (its time
         still counts, but it completes nothing: see StepTracker.end)."""
-        self.exit_at(self.now(), failed)
+        self.event((EXIT, self.now(), failed))
 
     def exit_at(self, t: float, failed: bool = False) -> None:
-        stack = self.stack
-        if not stack:
-            return
-        entry = stack.pop()
-        if stack and stack[-1] is entry:
-            return  # a folded same-kind call
-        kind, t0, child, is_eval = entry
-        duration = t - t0
-        if stack:
-            stack[-1][2] += duration
-        if self.listener is not None:
-            self.listener(kind, False, is_eval)
-        if failed:
-            self.tracker.end(kind, t, duration - child, is_eval, failed=True)
-        else:
-            self.tracker.end(kind, t, duration - child, is_eval)
+        self.event((EXIT, t, failed))
 
     def abort(self) -> tuple[float, bool]:
         """Drop the innermost phase without counting it (a fetch that raised
@@ -129,12 +177,8 @@ class PhaseClock:
             self.exit()
 
 
-# Event codes of the buffer.
-_ENTER, _EXIT, _STOP, _SAMPLES, _ITER, _OPTIM = range(6)
-
-
 class BufferedClock:
-    """The timer-only hot path: an edge is one clock read and one append.
+    """The timer-only hot path: an edge is one append of what the hook read.
 
     The events are replayed through the PhaseClock in batches, every
     `limit` events or `interval` seconds: the same state machine, run with
@@ -142,72 +186,107 @@ class BufferedClock:
     costs several times more. Used only where nothing needs a step boundary
     the moment it happens (no NVTX ranges, CUDA events, profiler window or
     --stop-after); results lag the script by at most `interval`.
+
+    The replay still costs what the state machine costs, a few microseconds
+    a step, but in one burst every `interval` (one step in hundreds), so it
+    moves the mean step time, not the median.
     """
 
-    __slots__ = ("clock", "tracker", "now", "buf", "limit", "interval", "last", "on_fault")
+    __slots__ = ("clock", "tracker", "now", "buf", "record", "limit", "interval", "last",
+                 "on_fault", "live")
 
     def __init__(self, clock: PhaseClock, limit: int = 4096, interval: float = 0.5,
                  on_fault: Optional[Callable[[str, BaseException], None]] = None) -> None:
         self.clock = clock
         self.tracker = clock.tracker
         self.now = clock.now
+        # One list for the whole run, drained in place, so that the hooks
+        # bind its `append` once: that is their `record`.
         self.buf: list[tuple] = []
+        self.record = self.buf.append
         self.limit = limit
         self.interval = interval
+        # When the next drain is due: the hooks compare each enter edge's
+        # time with it (one comparison), and drain when it is past.
         self.last = self.now() + interval
         self.on_fault = on_fault
+        self.live = False
+
+    def set_live(self, live: bool) -> None:
+        """Live: every event goes straight to the state machine from now on
+        (the hooks read `record` at each edge), for a run that needs step
+        boundaries and phase edges as they happen (NVTX ranges, CUDA events,
+        the profiler window, --stop-after); what was buffered is replayed
+        first. Not live: buffered again. Safe to call from a step callback
+        during a replay: the replay goes on with the events it took, and no
+        hook runs before it ends."""
+        if live == self.live:
+            return
+        self.live = live
+        if live:
+            self.drain()
+            self.record = self.clock.event
+            self.last = _NEVER
+        else:
+            self.record = self.buf.append
+            self.last = self.now() + self.interval
 
     @property
     def stack(self) -> list[list]:
         self.drain()
         return self.clock.stack
 
-    def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
-        t = self.now()
-        buf = self.buf
-        buf.append((_ENTER, kind, t, grad, ident))
-        if t > self.last or len(buf) >= self.limit:
+    def event(self, ev: tuple) -> None:
+        """One event, as the hooks record it (with the checks they make)."""
+        self.record(ev)
+        if ev[0] == ENTER and (ev[2] > self.last or len(self.buf) >= self.limit):
             self.drain()
 
+    def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
+        self.event((ENTER, kind, self.now(), grad, ident))
+
+    def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
+        self.event((ENTER, kind, t, grad, ident))
+
     def exit(self, failed: bool = False) -> None:
-        self.buf.append((_EXIT, self.now(), failed))
+        self.record((EXIT, self.now(), failed))
+
+    def exit_at(self, t: float, failed: bool = False) -> None:
+        self.record((EXIT, t, failed))
 
     def fetch_stopped(self) -> None:
-        self.buf.append((_STOP, self.now()))
+        self.record((STOP, self.now()))
 
     def fetched(self, samples: int) -> None:
+        """Samples of the fetch that just ended (the hooks send both in one
+        FETCHED event instead)."""
         if samples:
-            self.buf.append((_SAMPLES, samples))
+            self.drain()
+            self.clock.fetched(samples)
 
     def iterator_made(self, t0: float, t1: float) -> None:
-        self.buf.append((_ITER, t0, t1))
+        self.record((ITER, t0, t1))
 
     def optimizer_built(self) -> None:
-        self.buf.append((_OPTIM,))
+        self.record((OPTIM,))
 
     def drain(self) -> None:
-        buf, self.buf = self.buf, []
-        # `last` holds the time of the next drain: one comparison per edge.
-        self.last = self.now() + self.interval
-        clock = self.clock
-        for ev in buf:
+        buf = self.buf
+        events = buf[:]
+        del buf[: len(events)]
+        if not self.live:
+            self.last = self.now() + self.interval
+        event = self.clock.event
+        for ev in events:
             try:
-                code = ev[0]
-                if code == _ENTER:
-                    clock.enter_at(ev[1], ev[2], ev[3], ev[4])
-                elif code == _EXIT:
-                    clock.exit_at(ev[1], ev[2])
-                elif code == _STOP:
-                    clock.fetch_stopped_at(ev[1])
-                elif code == _SAMPLES:
-                    clock.fetched(ev[1])
-                elif code == _ITER:
-                    clock.iterator_made(ev[1], ev[2])
-                else:
-                    clock.optimizer_built()
+                event(ev)
             except Exception as exc:
                 if self.on_fault is not None:
                     self.on_fault("replay", exc)
+
+    def depth(self) -> int:
+        self.drain()
+        return self.clock.depth()
 
     def unwind(self) -> None:
         self.drain()

@@ -9,11 +9,21 @@ Rules every wrapper follows:
   clock it failed (it closes no step).
 * perfrun's own code around the call runs under `try/except`; a fault is
   recorded (and reported after the run), never raised into the script.
-* The hot path is a couple of attribute reads and one clock read per edge.
-  Forward calls nested in another forward, in a fetch (transform modules) or
-  in a backward (activation recomputation) pass straight through after one
-  integer test.
-* torch.compile never sees perfrun: Dynamo inlines `nn.Module.__call__` (so,
+* The hot path is a few attribute reads, one clock read and one event tuple
+  per edge, handed to the clock's `record` (see clock.py): in timer-only
+  mode a list's append, so an edge runs no Python function of perfrun's
+  beyond the wrapper itself.
+* Module calls: only the outermost call of a step's models counts (Forward),
+  so only those pay for a wrapper. perfrun finds them on the first calls
+  (see RootFinder): while it looks, `nn.Module.__call__` itself is wrapped
+  and a call made at depth 0 names a root; the root's class then gets a
+  timing `__call__` of its own and the global wrapper goes, so a submodule
+  call runs torch's own `nn.Module.__call__` with no perfrun frame at all. A
+  submodule of a root's very class (a Sequential inside a Sequential) passes
+  through that class's wrapper after one test. Calls nested in another
+  forward, in a fetch (transform modules) or in a backward (activation
+  recomputation) pass straight through.
+* torch.compile never sees perfrun: Dynamo inlines a module's `__call__` (so,
   ours) when it traces a module call, and would guard on whatever the
   wrapper reads. The wrapper's first test is `is_dynamo_compiling()`, which
   Dynamo folds to True without a guard and which is False in eager code, so
@@ -30,20 +40,35 @@ Rules every wrapper follows:
 from __future__ import annotations
 
 import functools
+import sys
 import threading
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Optional
 
+from .clock import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
 from .steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO
 
 _MARK = "__perfrun_wrapped__"
+
+#: Outermost module calls watched for new roots each time the search runs:
+#: a few steps of a loop that calls a model and a loss module.
+SEARCH_CALLS = 8
+#: Seconds after a search before the next one, doubled each time: a root
+#: first called late in the run (a model evaluated now and then) is found
+#: at a cost that vanishes over a long run.
+SEARCH_BACKOFF = 1.0
+_NEVER = float("inf")
+_ALWAYS = float("-inf")
 
 
 class HookState:
     """Shared by every wrapper. `block` > 0 means "forward calls here are not
     outermost": it counts open forwards, fetches and backwards (and is set
-    very high to switch every hook off)."""
+    very high to switch every hook off). `due`: the time at which an
+    outermost module call next asks the RootFinder whether to search (every
+    call while a search runs)."""
 
-    __slots__ = ("block", "main_thread", "backward")
+    __slots__ = ("block", "main_thread", "backward", "due")
 
     def __init__(self) -> None:
         self.block = 0
@@ -51,6 +76,7 @@ class HookState:
         # Open backward calls: module forwards run inside one are
         # recomputation (activation checkpointing), not forward.
         self.backward = 0
+        self.due = _ALWAYS
 
 
 OFF = 1 << 30
@@ -66,16 +92,39 @@ def is_wrapped(fn: Any) -> bool:
     return getattr(fn, _MARK, None) is not None
 
 
+def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
+    """Put back what `install` (and the root search since) replaced, last
+    first (for tests and benchmarks: a run never needs it). An original of
+    None: the class had no attribute of its own."""
+    for owner, name, original in reversed(undo):
+        try:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        except (AttributeError, TypeError):
+            pass
+    undo.clear()
+    # Dynamo, told of the search's `nn.Module.__call__`, gets torch's back.
+    for kept in map(sys.modules.get, RootFinder._DYNAMO):
+        held = getattr(kept, "unpatched_nn_module_call", None)
+        if is_wrapped(held):
+            kept.unpatched_nn_module_call = getattr(held, _MARK)
+
+
 def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     """Patch torch for `agent`. Returns (owner, name, original) for each patch:
-    what was replaced, for the record."""
+    what was replaced, for the record (and `uninstall`); the root search adds
+    to the same list as it patches module classes."""
     import torch.utils.data.dataloader as dataloader_mod
 
     state: HookState = agent.hooks_state
+    # Each edge is `clock.record(event)` (clock.py): the BufferedClock's list
+    # append, or the PhaseClock's state machine itself; read at each edge, as
+    # a BufferedClock may go live during the run. After an enter edge the
+    # hook drains the buffer once `clock.last` is past (never, when live).
     clock = agent.clock
     # Bound once: each attribute lookup saved is saved at every phase edge.
-    enter = clock.enter
-    leave = clock.exit
     main = state.main_thread
     fault = agent.record_fault
     get_ident = threading.get_ident
@@ -94,42 +143,59 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     see_root = agent.roots.see
     compiling = dynamo_compiling(torch)
 
-    # -- forward: the outermost nn.Module call ----------------------------------
-    def make_call(orig_call: Callable) -> Callable:
-        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+    # -- forward: the outermost call of a root module ------------------------------
+    module_cls = torch.nn.Module
+    module_call = module_cls.__dict__["__call__"]  # torch's own
+
+    def make_call(orig_call: Optional[Callable]) -> Callable:
+        """A root class's timing `__call__`. `orig_call`: the class's own
+        `__call__`, or None for one that inherits nn.Module's, which is then
+        looked up at each call, so that whatever wraps it meanwhile (the root
+        search, torch.fx's tracer) still sees the call."""
+        static = orig_call or module_call
+
+        # (*args, **kwargs), the module first: forwarded as they came, with
+        # no list or dict built on the way when there are no keywords.
+        def __call__(*args: Any, **kwargs: Any) -> Any:
             if compiling():
                 # Traced by Dynamo: nothing of perfrun's is read, so no guard.
-                return orig_call(self, *args, **kwargs)
+                return static(*args, **kwargs)
+            call = orig_call or module_cls.__call__
             if state.block or get_ident() != main:
-                return orig_call(self, *args, **kwargs)
+                return call(*args, **kwargs) if kwargs else call(*args)
             state.block += 1
-            key = id(self)
             try:
+                key = id(args[0])
                 if key not in roots_seen:
-                    see_root(self)
-                enter(FWD, is_grad_enabled(), key)
+                    see_root(args[0])
+                t = now()
+                if t > state.due:
+                    finder.watch(t)
+                clock.record((ENTER, FWD, t, is_grad_enabled(), key))
+                if t > clock.last:
+                    clock.drain()
             except Exception as exc:
                 fault("forward", exc)
             try:
-                result = orig_call(self, *args, **kwargs)
+                result = call(*args, **kwargs) if kwargs else call(*args)
             except BaseException:
                 state.block -= 1
                 try:
-                    leave(True)
+                    clock.record((EXIT, now(), True))
                 except Exception as exc:
                     fault("forward", exc)
                 raise
             state.block -= 1
             try:
-                leave()
+                clock.record((EXIT, now(), False))
             except Exception as exc:
                 fault("forward", exc)
             return result
 
         return __call__
 
-    patch(torch.nn.Module, "__call__", make_call)
-    skip_frame(torch.nn.Module.__call__)
+    finder = RootFinder(torch, state, make_call, compiling, fault, undo)
+    finder.search()
 
     # -- backward ---------------------------------------------------------------
     def make_backward(orig: Callable) -> Callable:
@@ -139,23 +205,26 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             state.block += 1
             state.backward += 1
             try:
-                enter(BWD)
+                t = now()
+                clock.record((ENTER, BWD, t, True, None))
+                if t > clock.last:
+                    clock.drain()
             except Exception as exc:
                 fault("backward", exc)
             try:
-                result = orig(*args, **kwargs)
+                result = orig(*args, **kwargs) if kwargs else orig(*args)
             except BaseException:
                 state.block -= 1
                 state.backward -= 1
                 try:
-                    leave(True)
+                    clock.record((EXIT, now(), True))
                 except Exception as exc:
                     fault("backward", exc)
                 raise
             state.block -= 1
             state.backward -= 1
             try:
-                leave()
+                clock.record((EXIT, now(), False))
             except Exception as exc:
                 fault("backward", exc)
             return result
@@ -173,19 +242,22 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 if state.block >= OFF or get_ident() != main:
                     return orig(*args, **kwargs)
                 try:
-                    enter(kind, True, id(args[0]) if args else None)
+                    t = now()
+                    clock.record((ENTER, kind, t, True, id(args[0]) if args else None))
+                    if t > clock.last:
+                        clock.drain()
                 except Exception as exc:
                     fault(where, exc)
                 try:
-                    result = orig(*args, **kwargs)
+                    result = orig(*args, **kwargs) if kwargs else orig(*args)
                 except BaseException:
                     try:
-                        leave(True)
+                        clock.record((EXIT, now(), True))
                     except Exception as exc:
                         fault(where, exc)
                     raise
                 try:
-                    leave()
+                    clock.record((EXIT, now(), False))
                 except Exception as exc:
                     fault(where, exc)
                 return result
@@ -203,19 +275,22 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             if not live[0] or state.block >= OFF or get_ident() != main:
                 return closure(*args, **kwargs)
             try:
-                enter(CLOSURE)
+                t = now()
+                clock.record((ENTER, CLOSURE, t, True, None))
+                if t > clock.last:
+                    clock.drain()
             except Exception as exc:
                 fault("optimizer.closure", exc)
             try:
-                result = closure(*args, **kwargs)
+                result = closure(*args, **kwargs) if kwargs else closure(*args)
             except BaseException:
                 try:
-                    leave(True)
+                    clock.record((EXIT, now(), True))
                 except Exception as exc:
                     fault("optimizer.closure", exc)
                 raise
             try:
-                leave()
+                clock.record((EXIT, now(), False))
             except Exception as exc:
                 fault("optimizer.closure", exc)
             return result
@@ -226,29 +301,37 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         def step(*args: Any, **kwargs: Any) -> Any:
             if state.block >= OFF or get_ident() != main:
                 return orig(*args, **kwargs)
-            live = [False]
+            live = None
             try:
-                enter(OPT, True, id(args[0]) if args else None)
-                if len(args) > 1 and callable(args[1]):
-                    live[0] = True
-                    args = (args[0], timed_closure(args[1], live), *args[2:])
-                elif callable(kwargs.get("closure")):
-                    live[0] = True
-                    kwargs = {**kwargs, "closure": timed_closure(kwargs["closure"], live)}
+                t = now()
+                clock.record((ENTER, OPT, t, True, id(args[0]) if args else None))
+                if t > clock.last:
+                    clock.drain()
+                if len(args) > 1 or kwargs:
+                    # A closure (LBFGS, Lightning): the one list made per
+                    # step, and only then.
+                    if len(args) > 1 and callable(args[1]):
+                        live = [True]
+                        args = (args[0], timed_closure(args[1], live), *args[2:])
+                    elif callable(kwargs.get("closure")):
+                        live = [True]
+                        kwargs = {**kwargs, "closure": timed_closure(kwargs["closure"], live)}
             except Exception as exc:
                 fault("optimizer.step", exc)
             try:
-                result = orig(*args, **kwargs)
+                result = orig(*args, **kwargs) if kwargs else orig(*args)
             except BaseException:
-                live[0] = False
+                if live is not None:
+                    live[0] = False
                 try:
-                    leave(True)
+                    clock.record((EXIT, now(), True))
                 except Exception as exc:
                     fault("optimizer.step", exc)
                 raise
-            live[0] = False
+            if live is not None:
+                live[0] = False
             try:
-                leave()
+                clock.record((EXIT, now(), False))
             except Exception as exc:
                 fault("optimizer.step", exc)
             return result
@@ -270,8 +353,10 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(self, *args, **kwargs)
             try:
-                clock.optimizer_built()
+                clock.record((OPTIM,))
                 patch_step(type(self))
+                # A new optimizer: perhaps a new model to train.
+                finder.search()
             except Exception as exc:
                 fault("optimizer.__init__", exc)
 
@@ -295,7 +380,10 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 return orig_next(self)
             state.block += 1
             try:
-                enter(DATA, is_grad_enabled(), None)
+                t = now()
+                clock.record((ENTER, DATA, t, is_grad_enabled(), None))
+                if t > clock.last:
+                    clock.drain()
             except Exception as exc:
                 fault("dataloader", exc)
             try:
@@ -303,22 +391,36 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except StopIteration:
                 state.block -= 1
                 try:
-                    clock.fetch_stopped()
+                    clock.record((STOP, now()))
                 except Exception as exc:
                     fault("dataloader", exc)
                 raise
             except BaseException:
                 state.block -= 1
                 try:
-                    leave(True)
+                    clock.record((EXIT, now(), True))
                 except Exception as exc:
                     fault("dataloader", exc)
                 raise
             state.block -= 1
+            t = now()
+            n = 0
+            if count_samples:
+                try:
+                    # The usual batch, a tuple or list led by a tensor, is
+                    # read here without a call; anything else the long way.
+                    cls = type(batch)
+                    if (cls is tuple or cls is list) and batch:
+                        shape = getattr(batch[0], "shape", None)
+                        if shape:
+                            n = shape[0]
+                    if not n:
+                        n = _batch_size(batch)
+                except Exception as exc:
+                    n = 0
+                    fault("dataloader.samples", exc)
             try:
-                leave()
-                if count_samples:
-                    clock.fetched(_batch_size(batch))
+                clock.record((FETCHED, t, n))
             except Exception as exc:
                 fault("dataloader", exc)
             return batch
@@ -327,12 +429,19 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     patch(dataloader_mod._BaseDataLoaderIter, "__next__", make_next)
 
+    iterated: Any = weakref.WeakSet()
+
     def make_iter(orig_iter: Callable) -> Callable:
         def __iter__(self: Any) -> Any:
             if state.block >= OFF or get_ident() != main:
                 return orig_iter(self)
             try:
                 note_loader(self, is_grad_enabled())
+                if self not in iterated:
+                    # A loader's first pass (an evaluation loader, a new
+                    # dataset) may call a model not seen so far.
+                    iterated.add(self)
+                    finder.search()
             except Exception as exc:
                 fault("dataloader.__iter__", exc)
             t0 = now()
@@ -340,14 +449,173 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 return orig_iter(self)
             finally:
                 try:
-                    clock.iterator_made(t0, now())
+                    clock.record((ITER, t0, now()))
                 except Exception as exc:
                     fault("dataloader.__iter__", exc)
 
         return __iter__
 
     patch(dataloader_mod.DataLoader, "__iter__", make_iter)
+
+    # -- torch.compile ---------------------------------------------------------------
+    def make_compile(orig_compile: Callable) -> Callable:
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            try:
+                if args and isinstance(args[0], module_cls):
+                    finder.compiled(args[0])
+            except Exception as exc:
+                fault("compile", exc)
+            return orig_compile(*args, **kwargs)
+
+        return compile
+
+    patch(torch, "compile", make_compile)
     return undo
+
+
+class RootFinder:
+    """Finds the root modules (those the script calls at depth 0) and gives
+    each root's class a timing `__call__`, so that no other module call runs
+    perfrun's code.
+
+    While it searches, `nn.Module.__call__` is perfrun's `discover` wrapper,
+    which passes every nested call straight on and hands a call made at
+    depth 0 to its class's timing wrapper, made there and then. A search
+    lasts SEARCH_CALLS outermost calls; it runs at start, when a DataLoader
+    is iterated for the first time or an optimizer is built, and again
+    SEARCH_BACKOFF seconds after the last one ended, that delay doubling
+    each time. Outside a search torch's own `nn.Module.__call__` is back:
+    a module class never called at depth 0 during a search is not timed
+    (its calls count in Others).
+
+    Dynamo keeps, from the moment it is imported, the `nn.Module.__call__` it
+    treats as torch's own (`unpatched_nn_module_call`, which lets it skip
+    tracing `__call__` and go straight to `forward`): when it holds the one
+    being replaced, it is given the new one, so that a model compiled while
+    perfrun searches, or after, is traced as it is without perfrun. Where
+    someone else has replaced `nn.Module.__call__` since, it is left alone
+    (and so is the search).
+    """
+
+    _DYNAMO = ("torch._dynamo.utils", "torch._dynamo.variables.nn_module")
+
+    def __init__(self, torch: Any, state: HookState,
+                 make_call: Callable[[Optional[Callable]], Callable],
+                 compiling: Callable[[], bool], fault: Callable[[str, BaseException], None],
+                 undo: list[tuple[Any, str, Any]]) -> None:
+        self.module = torch.nn.Module
+        self.state = state
+        self.make_call = make_call
+        self.fault = fault
+        self.undo = undo
+        self.module_call = self.module.__dict__["__call__"]
+        # A depth-0 call of a class that cannot be given a wrapper is timed
+        # by this one.
+        self.fallback = make_call(None)
+        self.left = 0  # outermost calls still to watch; 0: not searching
+        self.backoff = SEARCH_BACKOFF
+        self.searches = 0
+        self.discover = _mark(self._make_discover(compiling), self.module_call)
+        skip_frame(self.discover)
+        skip_frame(self.fallback)
+
+    def _make_discover(self, compiling: Callable[[], bool]) -> Callable:
+        state = self.state
+        main = state.main_thread
+        get_ident = threading.get_ident
+        module_call = self.module_call
+        adopt = self.adopt
+
+        def __call__(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return module_call(*args, **kwargs)
+            if state.block or get_ident() != main:
+                return module_call(*args, **kwargs) if kwargs else module_call(*args)
+            return adopt(args[0])(*args, **kwargs)
+
+        return __call__
+
+    def adopt(self, module: Any) -> Callable:
+        """What times this depth-0 call of `module`, whose class becomes a
+        root's class: the timing `__call__` made for the class and set on it.
+        A class with a `__call__` of its own (which reached this one through
+        `super().__call__`) gets it too, for its next calls, but this call,
+        already inside that `__call__`, is timed from here (`fallback`), so
+        the class's own `__call__` still runs once."""
+        try:
+            cls = type(module)
+            if cls is self.module:
+                return self.fallback  # (a bare nn.Module: nothing to call)
+            found: Any = None
+            for klass in cls.__mro__:
+                found = klass.__dict__.get("__call__")
+                if found is not None:
+                    break
+            if is_wrapped(found) and found is not self.discover:
+                return self.fallback  # (unreachable: that wrapper counted)
+            inherited = found is self.discover
+            wrapper = _mark(self.make_call(None if inherited else found),
+                            self.module_call if inherited else found)
+            own = cls.__dict__.get("__call__")
+            cls.__call__ = wrapper
+            self.undo.append((cls, "__call__", own))
+            return wrapper if inherited else self.fallback
+        except Exception as exc:
+            self.fault("forward.root", exc)
+            return self.fallback
+
+    def compiled(self, module: Any) -> None:
+        """`torch.compile(module)`: Dynamo will trace `module`'s own call
+        inside the compiled region, and takes torch's shortcut (straight to
+        `forward`, the guards of a plain run) only for a class whose
+        `__call__` is torch's. So a timing `__call__` of the module's class
+        goes (the compiled wrapper, called at depth 0, is the root to time
+        now), and a search starts to find that wrapper."""
+        cls = type(module)
+        own = cls.__dict__.get("__call__")
+        if own is not None and own is not self.discover and is_wrapped(own):
+            original = getattr(own, _MARK)
+            if original is self.module_call:
+                delattr(cls, "__call__")
+            else:
+                cls.__call__ = original
+        self.search()
+
+    def search(self) -> None:
+        """Watch the next SEARCH_CALLS outermost module calls for new roots."""
+        if self.module.__dict__.get("__call__") is not self.discover:
+            if not self._set_module_call(self.module_call, self.discover):
+                return  # someone else's `nn.Module.__call__` is in place
+            self.searches += 1
+        self.left = SEARCH_CALLS
+        self.state.due = _ALWAYS
+
+    def watch(self, t: float) -> None:
+        """An outermost module call at `t`, past `state.due`: count it against
+        the running search, or start the next one."""
+        if self.left == 0:
+            self.search()
+            if self.left == 0:
+                self.state.due = t + self.backoff
+            return
+        self.left -= 1
+        if self.left == 0:
+            self._set_module_call(self.discover, self.module_call)
+            self.state.due = t + self.backoff
+            self.backoff *= 2
+
+    def _set_module_call(self, old: Callable, new: Callable) -> bool:
+        module = self.module
+        if module.__dict__.get("__call__") is not old:
+            return False
+        module.__call__ = new
+        if not any(entry[0] is module and entry[1] == "__call__" for entry in self.undo):
+            self.undo.append((module, "__call__", self.module_call))
+        for name in self._DYNAMO:
+            kept = sys.modules.get(name)
+            if kept is not None and getattr(kept, "unpatched_nn_module_call", None) is old:
+                kept.unpatched_nn_module_call = new
+        return True
 
 
 def dynamo_compiling(torch: Any) -> Callable[[], bool]:

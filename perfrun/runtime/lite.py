@@ -95,13 +95,14 @@ def ended_status(last: Optional[BaseException], exit: dict[str, Any]) -> str:
 
 class TorchWatcher:
     """A meta path finder that runs a callback right after `import torch`
-    finishes executing (a post-import hook)."""
+    (or the module named `name`) finishes executing (a post-import hook)."""
 
-    def __init__(self, callback: Callable[[Any], None]) -> None:
+    def __init__(self, callback: Callable[[Any], None], name: str = "torch") -> None:
         self.callback = callback
+        self.name = name
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
+        if name != self.name:
             return None
         spec = None
         for finder in sys.meta_path:

@@ -1,0 +1,50 @@
+"""Benchmark workload (d): a tiny MLP fed by a DataLoader (in the main
+process, no workers) whose whole step, fetch included, takes about half a
+millisecond on CPU: the loop of the issue on perfrun's per-step cost, where
+every hooked call (the fetch, zero_grad, the model, the loss module,
+backward, the optimizer step) shows.
+
+    python loader_mlp.py [STEPS] [WARMUP]
+
+The script times its own steady-state steps with time.perf_counter and ends
+with one line:
+    BENCH {"median_step_s": ..., "steps": N, ..., "step_s": [each timed step]}
+"""
+
+from __future__ import annotations
+
+import sys
+from time import perf_counter
+
+import torch
+from benchline import parse, report
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main(argv: list[str]) -> None:
+    steps, warmup = parse(argv, __doc__, 3000, 200)
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    batch, n_in, hidden, n_out = 32, 32, 64, 10
+    total = warmup + steps
+    x = torch.randn(total * batch, n_in)
+    y = torch.randint(0, n_out, (total * batch,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
+    model = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    marks: list[float] = []
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+        marks.append(perf_counter())
+    report("loader_mlp", marks, warmup, torch.__version__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
