@@ -243,6 +243,10 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         )
         failed = failed or ExitCode.INTERNAL
     _say(f"results saved in {outcome.run_dir}")
+    if outcome.hung and settings.hang_action == "terminate":
+        _say("the run hung and was ended (--hang-action terminate): see hang.txt in the "
+             "results folder")
+        return ExitCode.HANG
     if settings.distributed and returncode != 0:
         signum = _rank_signal(outcome.run_dir, outcome.status_path)
         if signum:

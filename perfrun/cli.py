@@ -32,7 +32,7 @@ from .settings import (
     parse_override,
 )
 
-COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch")
+COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch", "status")
 #: `report --format`: the report formats, and the self-contained page.
 REPORT_FORMATS = (*FORMATS, "html")
 #: `run --format`: the report formats, and JUnit for a gated run.
@@ -198,6 +198,21 @@ def _run_options(f: Any) -> Any:
             help="Detailed window: the most MiB a rank's trace file may take; a larger trace "
             "keeps the window's first steps (default 100; 0: no bound).",
         ),
+        click.option(
+            "--hang-timeout",
+            type=float,
+            default=None,
+            metavar="S",
+            help="Report a hang (each rank's step, phase and Python stack) when no rank has "
+            "finished a step for S seconds (default: off; 600 suits CI).",
+        ),
+        click.option(
+            "--hang-action",
+            type=click.Choice(("report", "terminate")),
+            default=None,
+            help="After a hang report: let the run go on (report, the default) or end it "
+            "as Ctrl-C would and exit 72 (terminate).",
+        ),
         click.option("--with-stack", is_flag=True, help="Detailed window: record Python stacks."),
         click.option("--with-flops", is_flag=True, help="Detailed window: estimate FLOPs per op."),
         click.option(
@@ -291,6 +306,7 @@ def cli() -> None:
     perfrun --nproc-per-node 8 train.py       under torch.distributed, per-rank results
     perfrun report perfrun_log                re-print the tables of the latest run
     perfrun watch perfrun_log                 follow the latest run live, from another terminal
+    perfrun status perfrun_log                where each rank of the latest run is now
     perfrun compare base.json perfrun_log     the CI gate: is this run slower?
     perfrun analyze rank0.json.gz rank1.json.gz   window tables of torch.profiler traces
     perfrun combine node0/job-x node1/job-x   one folder from the nodes' run folders
@@ -391,6 +407,16 @@ def watch_command(log_dir: str, interval: float, last: Optional[int]) -> int:
     return watch.watch(log_dir, interval=interval, last=last or watch.LAST_STEPS)
 
 
+@cli.command("status")
+@click.argument("log_dir", default="perfrun_log")
+def status_command(log_dir: str) -> int:
+    """Say where each rank of a run is now: its step, its phase and for how
+    long (a run folder, or a log folder's newest run)."""
+    from . import hang
+
+    return hang.status(log_dir)
+
+
 @cli.command("compare")
 @click.argument("baseline")
 @click.argument("current")
@@ -488,6 +514,8 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "max_regression": _parse_threshold(opts.get("max_regression")),
         "keep": opts.get("keep"),
         "max_trace_mb": opts.get("max_trace_mb"),
+        "hang_timeout": opts.get("hang_timeout"),
+        "hang_action": opts.get("hang_action"),
     }
     changes.update({k: v for k, v in direct.items() if v is not None})
     if opts.get("timer_only"):

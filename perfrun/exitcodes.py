@@ -43,3 +43,6 @@ class ExitCode(enum.IntEnum):
     #: ids, scripts or world sizes differ, or they are separate runs of one
     #: node): one report of them would mix ranks that never ran together.
     MIXED_RUNS = 71
+    #: --hang-timeout found the run hung (no rank finished a step for that
+    #: long) and --hang-action terminate ended it, after the hang report.
+    HANG = 72

@@ -67,6 +67,8 @@ class Outcome:
     elapsed: float
     #: Where perfrun.torchrun records how failed workers ended (torchrun only).
     status_path: Optional[str] = None
+    #: --hang-timeout found the run hung (and reported it).
+    hung: bool = False
 
 
 def check_target(settings: Settings) -> None:
@@ -408,6 +410,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         except (OSError, ValueError):
             pass
     start = time.monotonic()
+    outcome_flags: dict[str, bool] = {"hung": False}
     try:
         proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup())
         if _terminal_owns_sigint():
@@ -418,7 +421,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
                     signal.signal(sig, signal.SIG_IGN)
         for signum in pending:
             proc.send_signal(signum)
-        returncode = proc.wait()
+        returncode = _wait(proc, settings, run_dir, outcome_flags)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -429,8 +432,34 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         # how the child took it.
         meta["signals"] = [_signal_name(s) for s in received]
     write_meta(meta)
+    if outcome_flags["hung"]:
+        meta["hung"] = True
+        write_meta(meta)
     return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed,
-                   status_path=status_path)
+                   status_path=status_path, hung=outcome_flags["hung"])
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], settings: Settings, run_dir: str, flags: dict[str, bool]
+) -> int:
+    """Wait for the child; with --hang-timeout, look at the ranks' files
+    between waits (hang.py), so a hang is reported while the child lives."""
+    if settings.hang_timeout is None:
+        return proc.wait()
+    from .hang import POLL, HangWatch
+
+    watch = HangWatch(run_dir, settings.hang_timeout, settings.hang_action)
+    while True:
+        try:
+            return proc.wait(timeout=POLL)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            if not flags["hung"] and watch.poll(proc):
+                flags["hung"] = True
+        except Exception as exc:  # the watch must never end the run
+            sys.stderr.write(f"perfrun: note: hang watch failed: {exc}\n")
+            return proc.wait()
 
 
 def _meta_writer(run_dir: str, folder: RunFolder) -> Any:

@@ -373,6 +373,17 @@ RANK_FILE = Obj({
     })),
     "faults": ListOf(Obj({"where": STR, "count": INT, "error": Opt(STR)})),
     "notes": ListOf(STR),
+    # Where the rank was at this save (runtime/position.py): step index,
+    # phase, since when (seconds since the epoch, the rank's clock), and
+    # whether edges reach the state machine in batches (timer-only mode).
+    "position": Opt(Obj({
+        "step": INT,
+        "phase": STR,
+        "since_unix": Opt(NUMBER),
+        "step_since_unix": Opt(NUMBER),
+        "written_unix": NUMBER,
+        "buffered": BOOL,
+    })),
     # Format 1: the rows inline. Format 2: `file` names the step file
     # beside the rank file (stepfile.py) and `count` the rows written to it
     # by this save (a reader takes every whole row the file holds).

@@ -107,6 +107,12 @@ class Settings:
     #: trace keeps the window's first steps only (runtime/window.py). 0: no
     #: bound.
     max_trace_mb: float = 100.0
+    #: Seconds with no rank finishing a step (counted from the launch) after
+    #: which the launcher reports a hang (hang.py); None: never.
+    hang_timeout: float | None = None
+    #: What follows a hang report: "report" (the run goes on) or "terminate"
+    #: (the run is ended as by Ctrl-C; perfrun exits with ExitCode.HANG).
+    hang_action: str = "report"
 
     @property
     def gated(self) -> bool:
@@ -203,6 +209,14 @@ class Settings:
             )
         if self.flush_interval <= 0:
             raise SettingsError("flush interval must be positive")
+        if self.hang_timeout is not None and not self.hang_timeout > 0:  # NaN too
+            raise SettingsError(
+                f"--hang-timeout must be a number of seconds above 0, not {self.hang_timeout}"
+            )
+        if self.hang_action not in ("report", "terminate"):
+            raise SettingsError(
+                f"--hang-action takes report or terminate, not {shown(self.hang_action)}"
+            )
         return self
 
     def replace(self, **changes: Any) -> Settings:

@@ -50,6 +50,7 @@ class RankView:
     last: Optional[float]  # seconds, the last step
     median: Optional[float]  # seconds, median of the last steps
     split: dict[str, float] = field(default_factory=dict)  # phase -> share of the last steps
+    where: str = ""  # its live position (hang.py), while it runs
 
 
 @dataclass
@@ -140,6 +141,10 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
 
     live = live_ranks(run)
     views = [rank_view(r, rank_alive(r), last) for r in run.ranks]
+    now = time.time()
+    for view, rank in zip(views, run.ranks):
+        if view.status == "running":
+            view.where = _where_now(rank.data, now)
     slowest = None
     medians = [(v.median, v.rank) for v in views if v.median is not None]
     if len(medians) > 1:
@@ -172,6 +177,19 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
     )
 
 
+def _where_now(data: dict[str, Any], now: float) -> str:
+    """`Backward at step 3 (2.1 s)`: the rank's saved position, as `perfrun
+    status` shows it; empty before the rank has one."""
+    from .hang import position_of
+
+    p = position_of(data)
+    if p.phase is None:
+        return ""
+    took = p.for_seconds(now)
+    step = f" at step {p.step}" if p.step is not None else ""
+    return f"{p.phase.capitalize()}{step}" + (f" ({took:.1f} s)" if took is not None else "")
+
+
 def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
@@ -200,6 +218,9 @@ def render_snapshot(snap: Snapshot, note: str = "") -> Any:
     lines.append(Text(f"Each rank's last {snap.last} steps: St/s steps a second, Last and Med "
                       "(median) step in ms, phases in % of step time", style="dim"))
     lines.append(table)
+    now = [f"{v.rank}: {v.where}" for v in snap.ranks if v.where]
+    if now:
+        lines.append(Text("Now: " + "; ".join(now), overflow="fold"))
     if not snap.ranks:
         lines.append(Text("waiting for the ranks' first results...", style="yellow"))
     if snap.missing:

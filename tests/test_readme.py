@@ -77,6 +77,8 @@ def test_the_readme_has_the_commands_this_test_knows() -> None:
         "perfrun analyze rank0.pt.trace.json.gz",
         "perfrun report perfrun_log --format html --output report.html",
         "perfrun watch perfrun_log",
+        "perfrun --timer-only --hang-timeout 600 --hang-action terminate train.py",
+        "perfrun status perfrun_log",
         "perfrun --timer-only --save-baseline baseline.json train.py",
         "perfrun --timer-only --baseline baseline.json --max-regression 5% train.py",
         "perfrun compare baseline.json perfrun_log/latest --max-regression 5%",
@@ -141,6 +143,8 @@ def test_every_readme_command_runs_as_written(work: Path) -> None:
         elif command.startswith("perfrun watch"):
             assert "the run ended (exit status 0)" in done.stdout, described(done)
             assert "Perf Summary" in done.stdout, described(done)
+        elif command.startswith("perfrun status"):
+            assert re.search(r"^rank 0 +finished", done.stdout, re.M), described(done)
         elif command.startswith("perfrun analyze"):
             assert "606.519" in done.stdout, described(done)
         elif command.startswith("perfrun report"):

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from builders import MS, make_rank, make_rows, make_run
@@ -25,9 +25,28 @@ from perfrun.cli import main
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TMUX = shutil.which("tmux")
-needs_tmux = pytest.mark.skipif(
-    TMUX is None, reason="no tmux on PATH (CI installs it: apt-get install tmux, see .ci/run)"
-)
+
+
+def _tmux_problem() -> Optional[str]:
+    """Why tmux cannot host the terminal test here, or None. Having it on
+    PATH is not enough: on some machines its server cannot start at all
+    (`server exited unexpectedly`), which says nothing about perfrun."""
+    if TMUX is None:
+        return "no tmux on PATH (CI installs it: apt-get install tmux, see .ci/run)"
+    socket = f"perfrun-probe-{os.getpid()}"
+    try:
+        probe = subprocess.run([TMUX, "-L", socket, "new-session", "-d", "sleep 1"],
+                               capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"tmux cannot start a session here ({exc})"
+    subprocess.run([TMUX, "-L", socket, "kill-server"], capture_output=True, timeout=20)
+    if probe.returncode != 0:
+        return f"tmux cannot start a server here: {(probe.stderr or '').strip()}"
+    return None
+
+
+TMUX_PROBLEM = _tmux_problem()
+needs_tmux = pytest.mark.skipif(TMUX_PROBLEM is not None, reason=TMUX_PROBLEM or "")
 
 
 def test_rank_view_takes_the_last_steps() -> None:

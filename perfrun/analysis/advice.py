@@ -25,9 +25,13 @@ Thresholds (module constants, so tests and readers see one value):
 * GPU-bound: a GPU the run used averaged over 90% utilisation.
 * Synchronisation stalls: any synchronisation per step in a detailed window
   that recorded GPU activity (on a CPU, reading a value stalls nothing).
-* Slow rank: a rank more than 10% above the median rank in the step or in one
-  phase, and by at least 2% of the median step (a 50% difference in a phase
-  of 0.1 ms is noise, not a slow rank).
+* Slow rank: when the ranks wait for each other (a phase absorbs lateness),
+  the culprit decided by straggler.py, never its victims: the rank that
+  reaches the waiting phase last, in at least 60% of the steps, by at least
+  5% of the median step (and 1 ms) of its own extra work, with the phase
+  where it loses the time. Otherwise (ranks that never wait) a rank more than 10% above the
+  median rank in the step or in one phase, and by at least 2% of the median
+  step (a 50% difference in a phase of 0.1 ms is noise, not a slow rank).
 * Unstable timing: coefficient of variation of the counted steps above 0.25,
   or the slowest step more than 3x the median, over at least 5 steps.
 """
@@ -39,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from perfrun.analysis.straggler import ranks_phrase
 from perfrun.analysis.summary import (
     PHASE_TITLES,
     RANK_QUANTITIES,
@@ -577,6 +582,11 @@ def slow_ranks(inp: AdviceInputs) -> list[Advice]:
     ranks = inp.ranks
     if ranks is None:
         return []
+    verdict = getattr(ranks, "straggler", None)
+    if verdict is not None and verdict.wait_phase is not None:
+        # The ranks wait for each other: the slowest rank in a phase may be
+        # a victim, so the culprit decision (straggler.py) speaks instead.
+        return culprit_advice(verdict)
     step_median = _finite(ranks.across["step"].median) if "step" in ranks.across else None
     if not step_median:
         return []
@@ -617,6 +627,41 @@ def slow_ranks(inp: AdviceInputs) -> list[Advice]:
         found.append((excess, Advice("slow-rank", message, evidence, (_SLOW_ACTIONS[quantity],))))
     found.sort(key=lambda item: -item[0])
     return [advice for _, advice in found]
+
+
+def culprit_advice(verdict: Any) -> list[Advice]:
+    """The rank the others wait for, the phase where it loses the time, and
+    the ranks that wait; nothing when no rank stands out."""
+    if verdict.culprit is None or verdict.culprit_phase is None:
+        return []
+    phase = verdict.culprit_phase
+    title = _QUANTITY_TITLES.get(phase, phase)
+    wait_title = _QUANTITY_TITLES.get(verdict.wait_phase, verdict.wait_phase)
+    message = (
+        f"rank {verdict.culprit} loses {duration(verdict.phase_loss)} per step in {title}"
+    )
+    if verdict.victims:
+        verb = "waits" if len(verdict.victims) == 1 else "wait"
+        message += f"; {ranks_phrase(verdict.victims)} {verb} for it in {wait_title}"
+    message += (
+        f" ({_percent(verdict.share * 100.0)} of the {duration(verdict.step_median)} step; "
+        f"it arrives last in {verdict.consistency:.0%} of {verdict.steps} steps)."
+    )
+    evidence = {
+        "rank": verdict.culprit,
+        "quantity": phase,
+        "culprit_phase": phase,
+        "wait_phase": verdict.wait_phase,
+        "loss_per_step": verdict.phase_loss,
+        "lateness": verdict.lateness,
+        "loss": verdict.loss,
+        "share": verdict.share,
+        "victims": list(verdict.victims),
+        "consistency": verdict.consistency,
+        "median_step": verdict.step_median,
+    }
+    action = _SLOW_ACTIONS.get(phase, _SLOW_ACTIONS["step"])
+    return [Advice("slow-rank", message, evidence, (action,))]
 
 
 # -- unstable timing -------------------------------------------------------------------------

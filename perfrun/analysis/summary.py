@@ -33,6 +33,8 @@ import numpy as np
 
 from perfrun.analysis import columns
 from perfrun.analysis.stats import Rate, Stats, default_warmup
+from perfrun.analysis.straggler import RankSteps, Straggler
+from perfrun.analysis.straggler import decide as decide_straggler
 from perfrun.results import COL, PHASES, RankResult, RunResults, table_rows
 from perfrun.schema import BOOTSTRAP_HINT, NO_TORCH
 
@@ -519,17 +521,23 @@ class MultiRankSummary:
     rows: list[RankRow]
     across: dict[str, Stats]
     slowest: Optional[SlowRank]
+    # The culprit/victim verdict (straggler.py); None when fewer than two
+    # ranks share enough steady steps to compare on a common clock.
+    straggler: Optional[Straggler] = None
 
     @property
     def problems(self) -> list[str]:
         return [f"rank {r.rank}: {r.problem}" for r in self.rows if r.problem]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "rows": [r.to_dict() for r in self.rows],
             "across": {k: v.to_dict() for k, v in self.across.items()},
             "slowest": self.slowest.to_dict() if self.slowest else None,
         }
+        if self.straggler is not None:
+            out["straggler"] = self.straggler.to_dict()
+        return out
 
 
 def multi_rank_summary(
@@ -589,7 +597,31 @@ def multi_rank_summary(
             median=median,
             percent_slower=(worst.step_avg / median - 1.0) * 100.0,
         )
-    return MultiRankSummary(rows=rows, across=across, slowest=slowest)
+    straggler = decide_straggler(
+        [_rank_steps(rank, warmup, exclude_window) for rank in ranks]
+    )
+    return MultiRankSummary(rows=rows, across=across, slowest=slowest, straggler=straggler)
+
+
+def _rank_steps(rank: RankResult, warmup: int, exclude_window: bool) -> RankSteps:
+    """The rank's steady steps with their indices, so ranks are compared
+    step by step (steady_table drops the indices)."""
+    table = rank.table
+    n = int(table.shape[0])
+    keep = np.arange(n) >= max(0, warmup)
+    window = profiled_steps(rank) if exclude_window else None
+    if window:
+        idx = np.arange(n)
+        keep &= (idx < int(window[0])) | (idx >= int(window[1]))
+    env = rank.data.get("env") or {}
+    origin = rank.data.get("started_unix")
+    return RankSteps(
+        rank=rank.rank,
+        host=env.get("hostname"),
+        origin=float(origin) if isinstance(origin, (int, float)) else 0.0,
+        index=np.flatnonzero(keep),
+        table=np.asarray(table)[keep],
+    )
 
 
 # -- Device Summary ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from perfrun.analysis.stats import Rate, Stats
+from perfrun.analysis.straggler import ranks_phrase
 from perfrun.analysis.summary import (
     PHASE_TITLES,
     RANK_QUANTITIES,
@@ -235,6 +236,34 @@ def _rank_status(status: str) -> str:
     return {"running": "died", "missing": "no results"}.get(status, status)
 
 
+def straggler_lines(ranks: MultiRankSummary, factor: float, unit: str) -> list[str]:
+    """The culprit (or why none is named) and the skew per phase: the
+    slowest rank in a phase may only be waiting for the culprit."""
+    v = ranks.straggler
+    if v is None:
+        return []
+    out = []
+    if v.culprit is not None and v.culprit_phase is not None:
+        title = PHASE_TITLES.get(v.culprit_phase, "Others")
+        line = (f"Culprit: rank {v.culprit} loses {fmt_num(v.phase_loss, 2, factor)} {unit} "
+                f"per step in {title}")
+        if v.victims and v.wait_phase:
+            verb = "waits" if len(v.victims) == 1 else "wait"
+            line += (f"; {ranks_phrase(v.victims)} {verb} for it in "
+                     f"{PHASE_TITLES.get(v.wait_phase, v.wait_phase)}")
+        line += f" ({v.share * 100.0:.1f}% of the step)"
+        out.append(line)
+    elif v.reason:
+        out.append(f"No straggler: {v.reason}")
+    skews = [
+        f"{PHASE_TITLES.get(k.quantity, k.quantity.capitalize())} "
+        f"{fmt_num(k.excess, 2, factor)} (rank {k.worst_rank})"
+        for k in v.skew if k.quantity != "step"
+    ]
+    out.append(f"Skew, worst minus median rank ({unit}): " + ", ".join(skews))
+    return out
+
+
 def ranks_block(ranks: MultiRankSummary) -> TableBlock:
     typical = ranks.across["step"].median
     unit, factor = time_unit(typical, coarse="ms")
@@ -268,6 +297,7 @@ def ranks_block(ranks: MultiRankSummary) -> TableBlock:
             f"{s.percent_slower:.1f}% slower than the median ({fmt_num(s.median, 2, factor)} "
             f"{unit})"
         )
+    footer += straggler_lines(ranks, factor, unit)
     info = [f"time unit: {unit}; averages per step after warm-up; min / median / max across ranks"]
     # A narrow terminal prints where each rank ran and how it ended, then
     # its times: the phases read side by side, so they are never split.

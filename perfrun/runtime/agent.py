@@ -32,6 +32,7 @@ from .device import DeviceSampler
 from .hooks import OFF, HookState
 from .lite import ended_status
 from .modules import ModuleRanges, RootTracker
+from .position import describe, locate
 from .steps import WIDTH, StepTracker
 
 _GPU_COL = COL["gpu_dataloader"]
@@ -106,6 +107,7 @@ class Agent:
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
         self._exec_note = ""
+        self._stack_file: Any = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -121,6 +123,30 @@ class Agent:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         os.register_at_fork(after_in_child=self._forked)
         self._watch_exec()
+        if self.settings.hang_timeout is not None:
+            self._stack_dump()
+
+    def _stack_dump(self) -> None:
+        """--hang-timeout: on the launcher's signal, write every thread's
+        Python stack to the run folder. faulthandler does it from its C
+        signal handler, so it works while the main thread is blocked in a
+        sleep, a lock or a collective, where a Python handler would never
+        run. A handler the script had set still runs after it (chained); one
+        it sets later replaces ours (the report then says no stack)."""
+        try:
+            import faulthandler
+
+            from ..hang import STACK_SIGNAL, stack_path
+
+            previous = signal.getsignal(STACK_SIGNAL)
+            self._stack_file = open(stack_path(self.run_dir, self.rank, self.restart), "w")
+            faulthandler.register(
+                STACK_SIGNAL, file=self._stack_file, all_threads=True,
+                # Chaining the default action would end the rank.
+                chain=callable(previous),
+            )
+        except Exception as exc:
+            self.record_fault("hang", exc)
 
     def _on_torch(self, torch: Any) -> None:
         try:
@@ -441,6 +467,7 @@ class Agent:
             "device": device,
             "faults": [{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
             "notes": list(self.notes),
+            "position": self._position_or_none(),
             "steps": {
                 "columns": list(STEP_COLUMNS),
                 "file": os.path.basename(writer.path) if writer is not None else None,
@@ -448,6 +475,40 @@ class Agent:
             },
         }
         return json.dumps(doc, default=str)
+
+    def position(self) -> dict[str, Any]:
+        """Where the rank is now, for `perfrun status` and the hang detector:
+        read from the flush thread without running the state machine
+        (position.py), so the training thread pays nothing for it."""
+        tracker = self.tracker
+        clock = self.clock
+        pending = list(clock.buf) if isinstance(clock, BufferedClock) else []
+        where = locate(
+            list(self.phase_clock.stack), pending, tracker.current_index, tracker.open,
+            tracker.start if tracker.open else None, tracker.first_kind,
+        )
+        now = perf_counter()
+
+        def unix(t: Optional[float]) -> Optional[float]:
+            return None if t is None else round(self.t0_unix + (t - self.t0), 6)
+
+        return {
+            "step": where["step"],
+            "phase": describe(where["kinds"], where["open"]),
+            "since_unix": unix(where["since"]),
+            "step_since_unix": unix(where["step_since"]),
+            "written_unix": unix(now),
+            "buffered": isinstance(clock, BufferedClock) and not clock.live,
+        }
+
+    def _position_or_none(self) -> Optional[dict[str, Any]]:
+        """The position must never cost the save: a fault is recorded and
+        the field left null."""
+        try:
+            return self.position()
+        except Exception as exc:
+            self.record_fault("position", exc)
+            return None
 
     def write(self, final: bool = False) -> None:
         """Save: the new steps appended first, then the rank file rewritten

@@ -1,0 +1,308 @@
+"""Where every rank is: `perfrun status`, and the launcher's hang detector.
+
+A multi-rank job that hangs is nearly always every rank waiting in a
+collective for one rank that is somewhere else. Each rank already writes its
+live position (step, phase, since when: runtime/position.py) with every
+flush, so the launcher can tell, from the files alone and without touching
+the training processes, when no rank has finished a step for
+`--hang-timeout` seconds, and then say where each rank is and which one is
+the odd one out. For the Python stacks it sends each rank on this host
+`STACK_SIGNAL`, on which the agent registered `faulthandler` (all threads,
+chaining a handler the script had set) to write `stack.rank<R>.txt` in the
+run folder.
+
+What decides (positions, the odd one out, the report's text) is pure and
+tested on hand-built rank data; `HangWatch` only polls and signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .results import find_rank_files, rank_filename
+
+#: The signal on which a rank dumps its Python stacks (runtime/agent.py).
+STACK_SIGNAL = getattr(signal, "SIGUSR2", signal.SIGTERM)
+#: Seconds the launcher waits for the ranks' stack dumps.
+STACK_WAIT = 1.5
+#: Seconds between two looks at the rank files (they are flushed every 2 s).
+POLL = 1.0
+#: After a hang with --hang-action terminate: seconds given to the Ctrl-C
+#: shutdown, then to SIGTERM, before SIGKILL.
+SHUTDOWN_GRACE = (20.0, 10.0)
+#: A collective's phase in the report's words.
+WAITING = {"backward": "waiting in the gradient all_reduce, if DDP",
+           "optimization": "waiting in the optimizer's collective, if sharded",
+           "forward": "waiting in a collective, if FSDP"}
+HANG_FILE = "hang.txt"
+_ORDER = {"dataloader": 0, "forward": 1, "backward": 2, "optimization": 3, "others": 4}
+
+
+def stack_path(run_dir: str, rank: int, restart: int = 0) -> str:
+    return os.path.join(run_dir, "stack." + rank_filename(rank, restart)[: -len(".json")] + ".txt")
+
+
+@dataclass(frozen=True)
+class Position:
+    """One rank's position as its last flush saw it."""
+
+    rank: int
+    status: str
+    step: Optional[int]
+    phase: Optional[str]
+    since_unix: Optional[float]
+    written_unix: Optional[float]
+    steps_done: int
+    buffered: bool
+    pid: Optional[int]
+    host: Optional[str]
+
+    def for_seconds(self, now: float) -> Optional[float]:
+        return None if self.since_unix is None else max(0.0, now - self.since_unix)
+
+
+def position_of(data: dict[str, Any]) -> Position:
+    """A rank file's position (older files, or a rank before torch was
+    imported, have none: step and phase unknown)."""
+    pos = data.get("position") if isinstance(data.get("position"), dict) else {}
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    steps = data.get("steps") if isinstance(data.get("steps"), dict) else {}
+    pid = env.get("pid")
+    return Position(
+        rank=int(data.get("rank", -1)),
+        status=str(data.get("status", "?")),
+        step=pos.get("step") if isinstance(pos.get("step"), int) else None,
+        phase=pos.get("phase") if isinstance(pos.get("phase"), str) else None,
+        since_unix=_num(pos.get("since_unix")),
+        written_unix=_num(pos.get("written_unix")),
+        steps_done=int(steps.get("count") or 0) if isinstance(steps.get("count"), int) else 0,
+        buffered=bool(pos.get("buffered")),
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        host=env.get("hostname") if isinstance(env.get("hostname"), str) else None,
+    )
+
+
+def _num(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def read_positions(run_dir: str) -> list[Position]:
+    """The positions of a run folder's ranks, each rank's latest restart;
+    a file caught between writes or unreadable is skipped (the next look
+    sees it)."""
+    latest: dict[int, Position] = {}
+    for path in find_rank_files(run_dir):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            p = position_of(data)
+            latest[p.rank] = p
+    return [latest[r] for r in sorted(latest)]
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def _where(phase: Optional[str], step: Optional[int]) -> str:
+    name = (phase or "an unknown phase").capitalize() if phase else "an unknown phase"
+    return f"{name} at step {step}" if step is not None else name
+
+
+def odd_one_out(positions: list[Position], now: float) -> Optional[str]:
+    """The line that names the rank(s) elsewhere: the largest group of ranks
+    in the same phase of the same step is taken to be waiting, the others
+    are named with how long they have been where they are. None when all
+    ranks are in one place (or fewer than two are known)."""
+    known = [p for p in positions if p.phase is not None]
+    if len(known) < 2:
+        return None
+    groups = Counter((p.phase, p.step) for p in known)
+    if len(groups) < 2:
+        return None
+    # Ties (two ranks, one in each place) go to the place further on in
+    # the step: the ranks that wait have got further than the one they
+    # wait for.
+    (phase, step), _ = max(
+        groups.items(), key=lambda kv: (kv[1], kv[0][1] or 0, _ORDER.get(kv[0][0] or "", -1))
+    )
+    crowd = [p.rank for p in known if (p.phase, p.step) == (phase, step)]
+    line = f"{_ranks(crowd)} {'is' if len(crowd) == 1 else 'are'} in {_where(phase, step)}"
+    if phase in WAITING:
+        line += f" ({WAITING[phase]})"
+    odd = []
+    for p in known:
+        if (p.phase, p.step) == (phase, step):
+            continue
+        took = p.for_seconds(now)
+        odd.append(f"rank {p.rank} is in {_where(p.phase, p.step)}"
+                   + (f" for {took:.0f} s" if took is not None else ""))
+    return line + "; " + "; ".join(odd)
+
+
+def status_lines(positions: list[Position], now: float) -> list[str]:
+    """One line per rank: where it is and for how long, for `perfrun status`
+    and the hang report."""
+    out = []
+    for p in positions:
+        where = _where(p.phase, p.step) if p.phase is not None else "position unknown"
+        took = p.for_seconds(now)
+        line = f"rank {p.rank:<3} {p.status:<9} {where}"
+        if took is not None and p.status == "running":
+            line += f" for {took:.1f} s"
+        if p.written_unix is not None:
+            line += f"  (saved {max(0.0, now - p.written_unix):.0f} s ago)"
+        out.append(line)
+    return out
+
+
+def hang_report(positions: list[Position], stacks: dict[int, str], now: float,
+                quiet_for: float) -> str:
+    """The hang report: every rank's position and stack, then the odd one
+    out."""
+    lines = [f"perfrun: hang: no rank has finished a step for {quiet_for:.0f} s"]
+    lines += ["  " + s for s in status_lines(positions, now)]
+    if any(p.buffered for p in positions):
+        lines.append("  (timer-only mode: a rank's phase may lag it by up to 0.5 s)")
+    for p in positions:
+        text = stacks.get(p.rank)
+        lines.append(f"--- rank {p.rank} Python stack"
+                     + (":" if text else ": not available (not on this host, or no dump)"))
+        if text:
+            lines += ["  " + s for s in text.rstrip().splitlines()]
+    odd = odd_one_out(positions, now)
+    lines.append("perfrun: hang: " + (odd or "every rank is in the same place"))
+    return "\n".join(lines) + "\n"
+
+
+class HangWatch:
+    """Polled by the launcher while the child runs: watches the rank files
+    for progress and, past the timeout, reports once (and, with
+    `terminate`, ends the run)."""
+
+    def __init__(self, run_dir: str, timeout: float, action: str,
+                 clock: Any = time.monotonic) -> None:
+        self.run_dir = run_dir
+        self.timeout = timeout
+        self.action = action
+        self.clock = clock
+        self.last_progress = clock()
+        self.key: Any = None
+        self.hung = False
+
+    def progress_key(self, positions: list[Position]) -> Any:
+        return tuple((p.rank, p.steps_done, p.step, p.status) for p in positions)
+
+    def poll(self, proc: Optional[subprocess.Popen[bytes]] = None) -> bool:
+        """One look; True once the hang was reported."""
+        if self.hung:
+            return True
+        positions = read_positions(self.run_dir)
+        key = self.progress_key(positions)
+        now = self.clock()
+        if key != self.key:
+            self.key, self.last_progress = key, now
+            return False
+        if now - self.last_progress < self.timeout:
+            return False
+        if positions and all(p.status != "running" for p in positions):
+            return False  # the ranks are done: the child is ending
+        self.hung = True
+        self.report(now - self.last_progress)
+        if self.action == "terminate" and proc is not None:
+            shutdown(proc)
+        return True
+
+    def report(self, quiet_for: float) -> None:
+        host = socket.gethostname()
+        positions = read_positions(self.run_dir)
+        for p in positions:
+            if p.pid and p.host == host and p.status == "running":
+                path = stack_path(self.run_dir, p.rank)
+                try:
+                    if os.path.exists(path):
+                        os.truncate(path, 0)
+                    os.kill(p.pid, STACK_SIGNAL)
+                except OSError:
+                    pass
+        time.sleep(STACK_WAIT)
+        stacks = {}
+        for p in positions:
+            try:
+                with open(stack_path(self.run_dir, p.rank), encoding="utf-8",
+                          errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if text.strip():
+                stacks[p.rank] = text
+        text = hang_report(read_positions(self.run_dir) or positions, stacks, time.time(),
+                           quiet_for)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        try:
+            with open(os.path.join(self.run_dir, HANG_FILE), "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError:
+            pass
+
+
+def shutdown(proc: subprocess.Popen[bytes]) -> None:
+    """End the run as Ctrl-C would (SIGINT to the child: python or
+    torchrun, which passes it on), then SIGTERM, then SIGKILL: a rank
+    blocked in a collective may not see the first."""
+    for sig, grace in ((signal.SIGINT, SHUTDOWN_GRACE[0]), (signal.SIGTERM, SHUTDOWN_GRACE[1])):
+        try:
+            proc.send_signal(sig)
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except OSError:
+            return
+    try:
+        proc.kill()
+    except OSError:
+        pass
+
+
+def status(path: str) -> int:
+    """`perfrun status`: where each rank of a run is now. Exit 66 when the
+    folder holds no run."""
+    from .exitcodes import ExitCode
+    from .results import is_run_dir, resolve_run_dir
+
+    if not os.path.isdir(path):
+        sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
+        return ExitCode.BAD_RESULTS
+    run_dir = path if is_run_dir(path) else resolve_run_dir(path, note=None)
+    if not is_run_dir(run_dir):
+        sys.stderr.write(f"perfrun: error: no run in {path}\n")
+        return ExitCode.BAD_RESULTS
+    positions = read_positions(run_dir)
+    now = time.time()
+    print(f"Run: {run_dir}")
+    if not positions:
+        print("no rank has written results yet")
+        return ExitCode.OK
+    for line in status_lines(positions, now):
+        print(line)
+    odd = odd_one_out([p for p in positions if p.status == "running"], now)
+    if odd:
+        print(odd)
+    if any(p.buffered for p in positions):
+        print("(timer-only mode: positions may lag the ranks by up to 0.5 s, plus the 2 s "
+              "between saves)")
+    return ExitCode.OK

@@ -1,0 +1,170 @@
+"""Hang diagnosis (perfrun/hang.py) on hand-written rank files: positions, the
+odd one out, the report's text, the watch's timing, and `perfrun status`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from perfrun import cli
+from perfrun.exitcodes import ExitCode
+from perfrun.hang import (
+    HANG_FILE,
+    HangWatch,
+    Position,
+    hang_report,
+    odd_one_out,
+    position_of,
+    read_positions,
+    stack_path,
+)
+from perfrun.settings import Settings, SettingsError
+
+NOW = 1_700_000_000.0
+
+
+def rank_doc(rank: int, step: Optional[int], phase: Optional[str], since: float = NOW - 30,
+             status: str = "running", count: int = 0, pid: int = 0) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "format": "perfrun-results", "version": 2, "rank": rank, "status": status,
+        "env": {"pid": pid or None, "hostname": "elsewhere"},
+        "steps": {"count": count},
+    }
+    if step is not None:
+        doc["position"] = {"step": step, "phase": phase, "since_unix": since,
+                           "step_since_unix": since - 1, "written_unix": NOW - 1,
+                           "buffered": False}
+    return doc
+
+
+def pos(rank: int, step: Optional[int], phase: Optional[str], since: float = NOW - 30) -> Position:
+    return position_of(rank_doc(rank, step, phase, since))
+
+
+def test_the_odd_rank_is_named_with_its_phase_and_time() -> None:
+    positions = [pos(0, 1204, "backward"), pos(1, 1204, "dataloader", NOW - 312),
+                 pos(2, 1204, "backward"), pos(3, 1204, "backward")]
+    assert odd_one_out(positions, NOW) == (
+        "ranks 0,2,3 are in Backward at step 1204 (waiting in the gradient all_reduce, if "
+        "DDP); rank 1 is in Dataloader at step 1204 for 312 s")
+
+
+def test_two_ranks_the_one_further_on_is_waiting() -> None:
+    positions = [pos(0, 3, "backward"), pos(1, 3, "forward", NOW - 7)]
+    line = odd_one_out(positions, NOW)
+    assert line is not None and line.startswith("rank 0 is in Backward at step 3")
+    assert line.endswith("rank 1 is in Forward at step 3 for 7 s")
+
+
+def test_no_odd_one_when_all_agree_or_unknown() -> None:
+    assert odd_one_out([pos(0, 5, "backward"), pos(1, 5, "backward")], NOW) is None
+    assert odd_one_out([pos(0, None, None), pos(1, 5, "forward")], NOW) is None
+
+
+def test_report_lists_every_rank_and_its_stack() -> None:
+    positions = [pos(0, 3, "backward"), pos(1, 3, "forward", NOW - 7)]
+    text = hang_report(positions, {1: 'File "train.py", line 41 in forward\n'}, NOW, 60.0)
+    lines = text.splitlines()
+    assert lines[0] == "perfrun: hang: no rank has finished a step for 60 s"
+    assert "rank 0   running   Backward at step 3 for 30.0 s" in text
+    assert "--- rank 0 Python stack: not available" in text
+    assert '  File "train.py", line 41 in forward' in text
+    assert lines[-1].startswith("perfrun: hang: rank 0 is in Backward at step 3")
+
+
+def test_files_without_a_position_are_read() -> None:
+    p = position_of({"rank": 2, "status": "running"})
+    assert (p.rank, p.step, p.phase, p.pid) == (2, None, None, None)
+
+
+def write(run_dir: Path, docs: list[dict[str, Any]]) -> None:
+    run_dir.mkdir(exist_ok=True)
+    for d in docs:
+        (run_dir / f"rank{d['rank']}.json").write_text(json.dumps(d))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_watch_reports_once_after_the_timeout_without_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("perfrun.hang.STACK_WAIT", 0.0)
+    run = tmp_path / "run"
+    write(run, [rank_doc(0, 3, "backward"), rank_doc(1, 2, "forward")])
+    clock = Clock()
+    watch = HangWatch(str(run), timeout=10.0, action="report", clock=clock)
+    assert not watch.poll()
+    clock.t = 8.0
+    write(run, [rank_doc(0, 3, "backward"), rank_doc(1, 3, "forward")])  # progress
+    assert not watch.poll()
+    clock.t = 17.0
+    assert not watch.poll()
+    clock.t = 18.5
+    assert watch.poll()
+    text = (run / HANG_FILE).read_text()
+    assert "no rank has finished a step for 10 s" in text
+    assert "rank 1 is in Forward at step 3" in text
+    assert watch.poll()  # once
+    assert (run / HANG_FILE).read_text() == text
+
+
+def test_finished_ranks_are_no_hang(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write(run, [rank_doc(0, 3, "others", status="finished")])
+    clock = Clock()
+    watch = HangWatch(str(run), timeout=1.0, action="report", clock=clock)
+    watch.poll()
+    clock.t = 5.0
+    assert not watch.poll()
+    assert read_positions(str(run))[0].status == "finished"
+
+
+def test_stack_files_sit_beside_the_rank_files() -> None:
+    assert stack_path("/r", 3) == os.path.join("/r", "stack.rank3.txt")
+    assert stack_path("/r", 3, 2) == os.path.join("/r", "stack.rank3.restart2.txt")
+
+
+def test_status_prints_each_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    write(run, [rank_doc(0, 3, "backward"), rank_doc(1, 3, "forward")])
+    assert cli.main(["status", str(run)]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "rank 0   running   Backward at step 3 for" in out
+    assert "rank 1 is in Forward at step 3" in out
+
+
+def test_status_of_a_missing_folder_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["status", str(tmp_path / "nope")]) == ExitCode.BAD_RESULTS
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("perfrun: error: no such folder")
+    assert cli.main(["status", str(tmp_path)]) == ExitCode.BAD_RESULTS
+    assert capsys.readouterr().err.startswith("perfrun: error: no run in")
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_hang_timeout_must_be_positive(value: float) -> None:
+    with pytest.raises(SettingsError, match="--hang-timeout must be a number of seconds"):
+        Settings(script="t.py", hang_timeout=value).validate()
+
+
+def test_hang_action_is_checked() -> None:
+    with pytest.raises(SettingsError, match="--hang-action takes report or terminate"):
+        Settings(script="t.py", hang_action="explode").validate()
+
+
+def test_hang_options_reach_the_settings() -> None:
+    settings = cli.settings_from_options({"hang_timeout": 30.0, "hang_action": "terminate",
+                                          "script": "t.py"})
+    assert (settings.hang_timeout, settings.hang_action) == (30.0, "terminate")

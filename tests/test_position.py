@@ -1,0 +1,49 @@
+"""A rank's live position (runtime/position.py), from the phase clock's stack
+and the edges still waiting in the BufferedClock, on hand-written events."""
+
+from __future__ import annotations
+
+from perfrun.runtime.clock import ENTER, EXIT, FETCHED, STOP
+from perfrun.runtime.position import describe, locate, phase_name
+
+DL, FW, BW, OPT, ZG, CLOSURE = range(6)
+
+
+def test_the_stack_alone_gives_the_innermost_phase() -> None:
+    where = locate([[FW, 10.0, 0.0, False]], [], step=4, step_open=True, step_start=9.5,
+                   lead_kind=DL)
+    assert where == {"step": 4, "open": True, "kinds": [FW], "since": 10.0, "step_since": 9.5}
+    assert describe(where["kinds"], True) == "forward"
+
+
+def test_buffered_edges_move_the_position_on() -> None:
+    # Step 4 is open in the state machine; the buffer holds the rest of it
+    # and the start of step 5, whose forward never returned.
+    pending = [
+        (EXIT, 10.2, False),  # forward of step 4 ends
+        (ENTER, BW, 10.3, True, None), (EXIT, 10.5, False),
+        (ENTER, OPT, 10.6, True, None), (EXIT, 10.7, False),
+        (ENTER, DL, 10.8, True, None), (FETCHED, 10.9, 1),  # step 5 starts
+        (ENTER, FW, 11.0, True, None),
+    ]
+    where = locate([[FW, 10.0, 0.0, False]], pending, step=4, step_open=True, step_start=9.5,
+                   lead_kind=DL)
+    assert (where["step"], where["kinds"], where["since"], where["step_since"]) == (
+        5, [FW], 11.0, 10.8)
+
+
+def test_between_phases_is_others_and_before_any_step_is_outside() -> None:
+    where = locate([], [(ENTER, DL, 1.0, True, None), (STOP, 1.5)], step=0, step_open=False,
+                   step_start=None, lead_kind=-1)
+    assert where["kinds"] == [] and where["since"] == 1.5
+    assert describe(where["kinds"], where["open"]) == "others"
+    assert describe([], False) == "outside steps"
+
+
+def test_nested_phases_report_the_innermost_with_a_report_phase() -> None:
+    # LBFGS: forward inside a closure inside optimizer.step.
+    assert phase_name([OPT, CLOSURE, FW]) == "forward"
+    assert phase_name([OPT, CLOSURE]) == "optimization"
+    assert phase_name([ZG]) == "optimization"
+    assert phase_name([]) is None
+    assert describe([CLOSURE], True) == "closure"
