@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .results import pid_alive
+
 JOB_PREFIX = "job-"
 #: Each node's own record of its launcher, inside the job's folder.
 NODES_DIR = "nodes"
@@ -262,18 +264,6 @@ def node_state(meta: Mapping[str, Any], host: Optional[str] = None) -> NodeState
     if not ended and meta.get("host") == here and isinstance(pid, int) and pid > 0:
         alive = pid_alive(pid)
     return NodeState(ended=ended, alive=alive)
-
-
-def pid_alive(pid: int) -> Optional[bool]:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return None
-    return True
 
 
 def choose_job_folder(log_dir: str, name: JobName, me: str) -> tuple[str, list[str]]:

@@ -44,6 +44,7 @@ __all__ = [
     "COL", "FORMAT", "GPU_COLUMNS", "PHASES", "STEP_COLUMNS", "VERSION", "rank_filename",
     "ResultsError", "RankResult", "RunResults", "atomic_write_text", "read_rank_file",
     "read_run", "resolve_run_dir", "find_rank_files", "validate", "rank_alive", "is_run_dir",
+    "pid_alive",
 ]
 
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
@@ -499,12 +500,19 @@ def rank_alive(rank: RankResult) -> Optional[bool]:
         return None
     if host != socket.gethostname():
         return None
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> Optional[bool]:
+    """Whether a process of this host is running: None where it cannot be
+    told. One that exists under another user is alive (the signal is
+    refused, not the process missing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # it exists, under another user
+        return True
     except OSError:
         return None
     return True

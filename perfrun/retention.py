@@ -167,7 +167,7 @@ def _alive(meta: dict[str, Any], rank_files: list[str]) -> Optional[bool]:
 
 
 def _pid_alive(pid: int) -> Optional[bool]:
-    from .job import pid_alive
+    from .results import pid_alive
 
     return pid_alive(pid)
 

@@ -123,15 +123,9 @@ def _launcher_alive(meta: dict[str, Any]) -> Optional[bool]:
     pid, host = meta.get("pid"), meta.get("host")
     if not isinstance(pid, int) or isinstance(pid, bool) or host != socket.gethostname():
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return None
-    return True
+    from .results import pid_alive
+
+    return pid_alive(pid)
 
 
 def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) -> Snapshot:
