@@ -15,8 +15,9 @@ step, the range of that ratio over pairs, and the median over pairs of the
 difference per step (what perfrun adds to a step, in microseconds where the
 targets are set that way: (a) and (d), whose steps are well under a
 millisecond). What perfrun adds to module calls below the model is (e), a
-forward of 1,000 submodule calls, less (f), the same loop with none. With --scheduler the steps inside the detailed window
-and the steps away from it are reported apart. It also times the launcher: the
+forward of 1,000 submodule calls, less (f), the same loop with none. With
+--scheduler the steps inside the detailed window and the steps away from it
+are reported apart. It also times the launcher: the
 wall time of `perfrun --timer-only noop.py` against `python noop.py` (a
 script that imports nothing), and of a script that only imports torch.
 
