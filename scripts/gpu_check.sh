@@ -6,7 +6,7 @@
 #
 # It needs CUDA PyTorch, click, rich, pyyaml, psutil and nvidia-ml-py already
 # installed. It installs perfrun itself in editable mode (no dependencies, no
-# build isolation, so no index is asked), and nvtx and pytest (with pluggy,
+# build isolation, so no index is asked), and nvtx, plotly (with narwhals) and pytest (with pluggy,
 # iniconfig, packaging and pygments) from the wheels in .gpu-wheels/ when
 # they cannot be imported. .gpu-wheels/ is not tracked by git: carry it to
 # the GPU machine with the working tree. To fill it again, on a machine with
@@ -16,6 +16,7 @@
 #         --platform manylinux2014_x86_64 --only-binary=:all:
 #     pip download pytest -d .gpu-wheels --python-version 3.12 \
 #         --platform manylinux2014_x86_64 --only-binary=:all:
+#     pip download plotly narwhals --no-deps -d .gpu-wheels
 #
 # Then it prints the GPU, runs `pytest -m gpu tests/gpu` (one process, no
 # xdist: the checks time the GPU and must not share it with each other) and
@@ -122,6 +123,8 @@ fi
 (cd / && "$PY" -c 'import perfrun; print("perfrun from", perfrun.__file__)')
 offline_install nvtx nvtx
 offline_install pytest pytest pluggy iniconfig packaging pygments
+# report.html embeds plotly's JavaScript bundle.
+offline_install plotly plotly narwhals packaging
 
 say "GPU"
 if command -v nvidia-smi >/dev/null 2>&1; then

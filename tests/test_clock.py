@@ -466,3 +466,32 @@ def test_going_live_replays_what_was_buffered_first() -> None:
     inner.tracker.finish(6.0)
     direct.tracker.finish(6.0)
     assert inner.tracker.rows == direct.tracker.rows
+
+
+def test_flush_thread_replays_only_a_stale_buffer() -> None:
+    """A script that stops making edges (a long sleep, a kill coming) must
+    not keep its finished steps in the buffer: the flush thread replays
+    them once the replay is overdue, and leaves a fresh buffer, or a live
+    clock, to the script's own thread."""
+    import threading
+
+    from perfrun.runtime.clock import ENTER, EXIT, BufferedClock
+
+    time = FakeTime(0.0)
+    inner = PhaseClock(StepTracker("auto"), now=time)
+    buffered = BufferedClock(inner, interval=0.5)
+    for start in (0.0, 0.1):
+        buffered.record((ENTER, FWD, start, True, "model"))
+        buffered.record((EXIT, start + 0.05, False))
+    buffered.drain_stale()  # not yet due
+    assert len(buffered.buf) == 4 and not inner.tracker.open
+    time.t = 0.6
+    worker = threading.Thread(target=buffered.drain_stale)
+    worker.start()
+    worker.join()
+    assert buffered.buf == [] and inner.tracker.open
+    assert len(inner.tracker.rows) == 1  # the first step ended where the second began
+    buffered.set_live(True)
+    time.t = 10.0
+    buffered.drain_stale()  # live: nothing buffered, nothing done
+    assert len(inner.tracker.rows) == 1

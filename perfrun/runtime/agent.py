@@ -65,12 +65,12 @@ class Agent:
         self.tracker.fixed_samples = self.settings.batch_size
         self.tracker.origin = self.t0
         self.phase_clock = PhaseClock(self.tracker)
-        # What the hooks report edges to: the phase clock itself, or, when
-        # nothing needs a step boundary the moment it happens (timer-only,
-        # no --stop-after), a buffer replayed through it in batches.
-        self.clock: Any = self.phase_clock
-        if self.settings.timer_only and self.settings.stop_after is None:
-            self.clock = BufferedClock(self.phase_clock, on_fault=self.record_fault)
+        # What the hooks report edges to: a buffer replayed through the
+        # phase clock in batches, made live (every edge straight to the
+        # state machine) while something needs step boundaries and phase
+        # edges the moment they happen (see _update_listener).
+        self.clock = BufferedClock(self.phase_clock, on_fault=self.record_fault,
+                                   interval=min(0.5, self.settings.flush_interval))
         self.count_samples = self.settings.batch_size is None
         # The first step index not to run (--stop-after, --stop-after-window),
         # decided once rather than at every step.
@@ -78,6 +78,7 @@ class Agent:
         if self.settings.stop_after_window and self.settings.scheduler is not None:
             stops.append(self.settings.scheduler[1])
         self._stop_at = min((s for s in stops if s is not None), default=float("inf"))
+        self.clock.set_live(self._stop_at != float("inf"))
         self.faults: dict[str, list[Any]] = {}
         self.notes: list[str] = []
         self.loaders: dict[int, dict[str, Any]] = {}
@@ -211,7 +212,21 @@ class Agent:
         return chosen is None or str(self.rank) in {r.strip() for r in chosen.split(",")}
 
     def _update_listener(self) -> None:
-        edges = [x.edge for x in (self.nvtx, self.gpu_timer, self.window) if x is not None]
+        """Who hears each phase edge, and whether the clock must be live.
+
+        It is live while something acts on edges or step boundaries as they
+        happen: NVTX ranges with a tool attached (without one, nvtx's domain
+        is a no-op stand-in, so its ranges are left out), the CUDA timer,
+        the profiler window, module ranges (--nsys), --stop-after, and a
+        torch built with CUDA until the script initialised it (the step
+        boundary checks for that).
+        Otherwise edges are buffered, as in --timer-only: the default mode on
+        a CPU run pays what the timer-only mode pays."""
+        nvtx = self.nvtx if self.nvtx is not None and self.nvtx.attached else None
+        edges = [x.edge for x in (nvtx, self.gpu_timer, self.window) if x is not None]
+        self.clock.set_live(bool(edges) or self.window is not None or self._cuda_possible
+                            or self.module_ranges is not None
+                            or self._stop_at != float("inf"))
         if not edges:
             self.phase_clock.listener = None
         elif len(edges) == 1:
@@ -376,6 +391,7 @@ class Agent:
             try:
                 if self.sampler is not None:
                     self.sampler.sample()
+                self.clock.drain_stale()
                 self.write()
             except Exception as exc:
                 self.record_fault("flush", exc)

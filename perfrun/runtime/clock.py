@@ -18,6 +18,7 @@ after the run, never here.
 
 from __future__ import annotations
 
+import threading
 from time import perf_counter
 from typing import Callable, Optional
 
@@ -193,7 +194,7 @@ class BufferedClock:
     """
 
     __slots__ = ("clock", "tracker", "now", "buf", "record", "limit", "interval", "last",
-                 "on_fault", "live")
+                 "on_fault", "live", "lock")
 
     def __init__(self, clock: PhaseClock, limit: int = 4096, interval: float = 0.5,
                  on_fault: Optional[Callable[[str, BaseException], None]] = None) -> None:
@@ -211,6 +212,11 @@ class BufferedClock:
         self.last = self.now() + interval
         self.on_fault = on_fault
         self.live = False
+        # Replays run on the script's thread, and on the flush thread when
+        # the script has stopped making edges (see drain_stale): one at a
+        # time. Taken once per replay, never per edge; reentrant, since a
+        # step callback may make the clock live in the middle of a replay.
+        self.lock = threading.RLock()
 
     def set_live(self, live: bool) -> None:
         """Live: every event goes straight to the state machine from now on
@@ -271,6 +277,23 @@ class BufferedClock:
         self.record((OPTIM,))
 
     def drain(self) -> None:
+        with self.lock:
+            self._replay()
+
+    def drain_stale(self) -> None:
+        """From the flush thread: replay what the script buffered if it has
+        made no edge since the replay fell due. The script may sit in one
+        long phase, sleep, or be about to be killed; its finished steps must
+        still reach the results within the flush interval, not wait for its
+        next edge. Not live: while live there is nothing buffered, and the
+        state machine belongs to the script's thread alone."""
+        if self.live or not self.buf or self.now() <= self.last:
+            return
+        with self.lock:
+            if not self.live:
+                self._replay()
+
+    def _replay(self) -> None:
         buf = self.buf
         events = buf[:]
         del buf[: len(events)]
@@ -289,5 +312,6 @@ class BufferedClock:
         return self.clock.depth()
 
     def unwind(self) -> None:
-        self.drain()
-        self.clock.unwind()
+        with self.lock:
+            self._replay()
+            self.clock.unwind()

@@ -344,6 +344,11 @@ class NvtxRanges:
         self._step_attrs = attrs(message="ProfileStep", payload=0)
         self._step: Any = None
 
+    @property
+    def attached(self) -> bool:
+        """Whether a tool (nsys) listens: only then do the ranges exist."""
+        return self._phase[0] is not None
+
     def edge(self, kind: int, enter: bool, is_eval: bool) -> None:
         if enter:
             self.domain.push_range(self._eval if is_eval else self._phase[kind])
