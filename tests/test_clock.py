@@ -483,9 +483,10 @@ def test_flush_thread_replays_only_a_stale_buffer() -> None:
     for start in (0.0, 0.1):
         buffered.record((ENTER, FWD, start, True, "model"))
         buffered.record((EXIT, start + 0.05, False))
-    buffered.drain_stale()  # not yet due
+    time.t = 0.55
+    buffered.drain_stale()  # due, but the script may still make its next edge
     assert len(buffered.buf) == 4 and not inner.tracker.open
-    time.t = 0.6
+    time.t = 0.65
     worker = threading.Thread(target=buffered.drain_stale)
     worker.start()
     worker.join()

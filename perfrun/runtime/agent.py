@@ -69,8 +69,7 @@ class Agent:
         # phase clock in batches, made live (every edge straight to the
         # state machine) while something needs step boundaries and phase
         # edges the moment they happen (see _update_listener).
-        self.clock = BufferedClock(self.phase_clock, on_fault=self.record_fault,
-                                   interval=min(0.5, self.settings.flush_interval))
+        self.clock = BufferedClock(self.phase_clock, on_fault=self.record_fault)
         self.count_samples = self.settings.batch_size is None
         # The first step index not to run (--stop-after, --stop-after-window),
         # decided once rather than at every step.
