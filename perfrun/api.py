@@ -214,6 +214,7 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
                 f"baseline saved to {settings.save_baseline} ({runs} run"
                 f"{'' if runs == 1 else 's'} of this environment)"
             )
+            _warn_disturbed_baseline(settings.save_baseline)
         except ResultsError as exc:
             _say(f"error: could not save the baseline: {exc}")
             failed = ExitCode.NO_MEASUREMENT
@@ -254,6 +255,19 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
     if returncode == 0 and failed is not None:
         return int(failed)
     return exit_like(returncode)
+
+
+def _warn_disturbed_baseline(path: str) -> None:
+    """A baseline recorded while the machine was disturbed: said when it is
+    saved, since every gate against it will be inconclusive."""
+    from .baseline import stored_disturbed
+
+    flags = stored_disturbed(path)
+    if flags:
+        _say("warning: the baseline run's measurement was disturbed (gates against it give "
+             "no verdict unless --ignore-disturbed):")
+        for message in flags:
+            _say(f"  - {message}")
 
 
 def write_report_html(
@@ -429,6 +443,7 @@ def _gated(settings: Settings, outcome: Any) -> int:
         output=output if fmt == "junit" else None,
         warmup=settings.warmup,
         sink=sink,
+        ignore_disturbed=settings.ignore_disturbed,
     )
     # The page of a gated run holds the comparison too, when there was one.
     if "comparison" in sink:
@@ -449,9 +464,13 @@ def compare(
     output: Optional[str] = None,
     warmup: Optional[int] = None,
     sink: Optional[dict[str, Any]] = None,
+    ignore_disturbed: bool = False,
 ) -> int:
     """`perfrun compare`, and the gate of a gated run. `sink`, when given,
-    receives the comparison and both runs (for the gated run's page)."""
+    receives the comparison and both runs (for the gated run's page).
+    A run whose measurement was disturbed gives no verdict: exit 0 with a
+    warning, or 73 (DISTURBED) with `fail_on_inconclusive`, never 68;
+    `ignore_disturbed` gates it all the same."""
     if output is not None:
         problem = writable_file_problem(output, "--output")
         if problem:
@@ -487,6 +506,7 @@ def compare(
         warmup=warmup,
         mismatches=mismatches,
         base_history=baseline_mod.load_history(baseline),
+        ignore_disturbed=ignore_disturbed,
     )
     if sink is not None:
         sink.update(comparison=comparison, base_run=base_run, current_run=current_run)
@@ -514,10 +534,25 @@ def compare(
         # that can never decide must not pass forever.
         _say(f"error: gate: {comparison.gate.reason}")
         return ExitCode.NO_MEASUREMENT
+    if verdict == Verdict.INCONCLUSIVE and comparison.gate.disturbed:
+        return _disturbed_exit(comparison.gate, fail_on_inconclusive)
     if verdict == Verdict.INCONCLUSIVE:
         _say(f"warning: gate inconclusive: {comparison.gate.reason}")
         return ExitCode.INCONCLUSIVE if fail_on_inconclusive else ExitCode.OK
     return ExitCode.OK
+
+
+def _disturbed_exit(gate: Any, fail_on_inconclusive: bool) -> int:
+    """A disturbed run's gate: loud, one flag a line, and never a
+    regression. 73 only when inconclusive verdicts are to fail CI."""
+    undisturbed = gate.undisturbed.value.upper() if gate.undisturbed else "?"
+    _say(f"warning: gate inconclusive: the measurement was disturbed (the step times alone "
+         f"gave {undisturbed}); not judged:")
+    for flag in gate.disturbed:
+        _say(f"  - {flag}")
+    _say("rerun on a quiet machine, or pass --ignore-disturbed where the machine is always "
+         "shared")
+    return ExitCode.DISTURBED if fail_on_inconclusive else ExitCode.OK
 
 
 def _github_actions(comparison: Any, line: str, stream: IO[str]) -> None:

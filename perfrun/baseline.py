@@ -120,6 +120,10 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
         "format": FORMAT,
         "version": VERSION,
         "fingerprint": fp,
+        # Whether the baseline run itself was disturbed, as decided when it
+        # was saved (the gate decides again from the evidence in meta and
+        # ranks, with the perfrun that reads it).
+        "disturbed": [f.to_dict() for f in disturbed_flags(run)],
         "meta": run.meta,
         # Each rank with its steps inline: a baseline is one file that
         # stands alone, whatever format its run folder was written in.
@@ -131,6 +135,23 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
     os.makedirs(folder, exist_ok=True)
     atomic_write_text(path, json.dumps(doc))
     return 1 + len(history)
+
+
+def disturbed_flags(run: RunResults) -> list[Any]:
+    from .analysis.disturbed import flags_of
+
+    try:
+        return flags_of(run)
+    except Exception:  # noqa: BLE001 - a damaged record is no reason to lose the baseline
+        return []
+
+
+def stored_disturbed(path: str) -> list[str]:
+    """The messages of the disturbance flags a baseline file recorded."""
+    doc = _read_doc(path)
+    if doc is None:
+        return []
+    return [str(f.get("message")) for f in doc.get("disturbed") or [] if isinstance(f, dict)]
 
 
 def _read_doc(path: str) -> Optional[dict[str, Any]]:

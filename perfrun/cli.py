@@ -213,6 +213,19 @@ def _run_options(f: Any) -> Any:
             help="After a hang report: let the run go on (report, the default) or end it "
             "as Ctrl-C would and exit 72 (terminate).",
         ),
+        click.option(
+            "--no-flops",
+            is_flag=True,
+            help="Do not count the FLOPs of one step (achieved FLOP/s and MFU are then unknown).",
+        ),
+        click.option(
+            "--peak-tflops",
+            type=float,
+            default=None,
+            metavar="X",
+            help="Peak dense TFLOP/s of one GPU for MFU (default: looked up by GPU model "
+            "and dtype).",
+        ),
         click.option("--with-stack", is_flag=True, help="Detailed window: record Python stacks."),
         click.option("--with-flops", is_flag=True, help="Detailed window: estimate FLOPs per op."),
         click.option(
@@ -268,12 +281,18 @@ def _gate_options() -> list[Any]:
         click.option(
             "--fail-on-inconclusive",
             is_flag=True,
-            help="Gate: an inconclusive verdict fails (exit 69).",
+            help="Gate: an inconclusive verdict fails (exit 69; 73 when a run was disturbed).",
         ),
         click.option(
             "--allow-env-mismatch",
             is_flag=True,
             help="Gate: compare even when the environments' fingerprints differ.",
+        ),
+        click.option(
+            "--ignore-disturbed",
+            is_flag=True,
+            help="Gate: judge runs whose measurement was disturbed (a shared machine) "
+            "rather than calling them inconclusive (exit 73 with --fail-on-inconclusive).",
         ),
     ]
 
@@ -435,6 +454,7 @@ def compare_command(
     max_regression: Optional[str],
     fail_on_inconclusive: bool,
     allow_env_mismatch: bool,
+    ignore_disturbed: bool,
     fmt: str,
     output: Optional[str],
     warmup: Optional[int],
@@ -449,6 +469,7 @@ def compare_command(
         threshold=_parse_threshold(max_regression),
         fail_on_inconclusive=fail_on_inconclusive,
         allow_env_mismatch=allow_env_mismatch,
+        ignore_disturbed=ignore_disturbed,
         fmt=fmt,
         output=output,
         warmup=_warmup(warmup),
@@ -516,6 +537,7 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "max_trace_mb": opts.get("max_trace_mb"),
         "hang_timeout": opts.get("hang_timeout"),
         "hang_action": opts.get("hang_action"),
+        "peak_tflops": opts.get("peak_tflops"),
     }
     changes.update({k: v for k, v in direct.items() if v is not None})
     if opts.get("timer_only"):
@@ -524,6 +546,8 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         changes["nsys"] = True
     if opts.get("no_nvtx"):
         changes["nvtx"] = False
+    if opts.get("no_flops"):
+        changes["count_flops"] = False
     for flag in (
         "quiet",
         "with_stack",
@@ -532,6 +556,7 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         "op_detail",
         "fail_on_inconclusive",
         "allow_env_mismatch",
+        "ignore_disturbed",
     ):
         if opts.get(flag):
             changes[flag] = True

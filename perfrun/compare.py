@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from .analysis import columns
 from .analysis.summary import Report, build_report, steady_table
-from .gate import GateResult, gate
+from .gate import GateResult, disturbed_verdict, gate
 from .results import RunResults
 
 
@@ -51,6 +51,8 @@ class Comparison:
     problem: Optional[str] = None
     base_report: Optional[Report] = None
     current_report: Optional[Report] = None
+    #: --ignore-disturbed: the runs' disturbance flags did not stop the gate.
+    ignore_disturbed: bool = False
 
     @property
     def throughput_change(self) -> Optional[float]:
@@ -74,7 +76,16 @@ class Comparison:
             "rows": [r.to_dict() for r in self.rows],
             "environment_mismatches": list(self.mismatches),
             "problem": self.problem,
+            "disturbed": self.disturbed_dict(),
         }
+
+    def disturbed_dict(self) -> dict[str, Any]:
+        """Each run's disturbance flags (analysis/disturbed.py)."""
+        def flags(report: Optional[Report]) -> list[dict[str, Any]]:
+            return [f.to_dict() for f in getattr(report, "disturbed", None) or []]
+
+        return {"baseline": flags(self.base_report), "current": flags(self.current_report),
+                "ignored": self.ignore_disturbed}
 
 
 def _gate_series(report: Report, run: RunResults) -> list[float]:
@@ -98,9 +109,12 @@ def compare_runs(
     warmup: Optional[int] = None,
     mismatches: Optional[list[str]] = None,
     base_history: Sequence[RunResults] = (),
+    ignore_disturbed: bool = False,
 ) -> Comparison:
     """`base_history`: earlier runs stored in the same baseline file; the
-    gate uses them to measure how much whole runs differ."""
+    gate uses them to measure how much whole runs differ.
+    `ignore_disturbed`: gate even when a run's measurement was disturbed
+    (a machine known to be shared); otherwise such a run gives no verdict."""
     b = build_report(base, warmup=warmup)
     c = build_report(current, warmup=warmup)
     rows: list[Row] = []
@@ -135,6 +149,7 @@ def compare_runs(
         list(mismatches or []),
         base_report=b,
         current_report=c,
+        ignore_disturbed=ignore_disturbed,
     )
     if b.problem or c.problem:
         which = "baseline" if b.problem else "current run"
@@ -160,4 +175,10 @@ def compare_runs(
         )
     if threshold is not None:
         comparison.gate = gate(base_series, current_series, threshold, other_runs=others)
+        if not ignore_disturbed:
+            comparison.gate = disturbed_verdict(
+                comparison.gate,
+                [f.message for f in c.disturbed],
+                [f.message for f in b.disturbed],
+            )
     return comparison

@@ -46,3 +46,10 @@ class ExitCode(enum.IntEnum):
     #: --hang-timeout found the run hung (no rank finished a step for that
     #: long) and --hang-action terminate ended it, after the hang report.
     HANG = 72
+    #: The gate gave no verdict because the current run's or the baseline's
+    #: measurement was disturbed (a throttled or shared GPU, a CPU taken by
+    #: other processes, steal; analysis/disturbed.py), and
+    #: --fail-on-inconclusive was given. Without it a disturbed gate exits 0
+    #: with a warning, as an inconclusive one does: a disturbed run is never
+    #: reported as a regression (68), whatever its step times say.
+    DISTURBED = 73

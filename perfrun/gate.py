@@ -14,10 +14,19 @@ The verdict is three-way, like asv's:
 * PASS when the whole interval lies below 1 + threshold;
 * INCONCLUSIVE otherwise (noise too large to tell), and when either run has
   too few steady steps to say anything (the message gives the count needed).
+
+A run whose measurement was disturbed (analysis/disturbed.py: a throttled
+or shared GPU, a CPU taken by other processes, steal) says nothing about
+the change under test, whichever way its figures went: a slow disturbed
+run is no regression, and a disturbed baseline can hide one.
+`disturbed_verdict` makes any verdict on such a pair INCONCLUSIVE, names
+the flags in the reason and keeps the verdict the figures alone gave
+(`undisturbed`), for the report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import random
@@ -51,6 +60,11 @@ class GateResult:
     reason: str
     baseline_runs: int = 1
     between_run_spread: Optional[float] = None
+    #: The disturbance flags that made the verdict INCONCLUSIVE, each
+    #: "current run: ..." or "baseline: ..." (see disturbed_verdict).
+    disturbed: tuple[str, ...] = ()
+    #: The verdict the step times alone gave, when a disturbance overrode it.
+    undisturbed: Optional[Verdict] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +80,8 @@ class GateResult:
             "reason": self.reason,
             "baseline_runs": self.baseline_runs,
             "between_run_spread": self.between_run_spread,
+            "disturbed": list(self.disturbed),
+            "undisturbed_verdict": self.undisturbed.value if self.undisturbed else None,
         }
 
 
@@ -233,6 +249,32 @@ def gate(
             f"{threshold * 100:g}% limit; too noisy to decide (run more steps)"
         )
     return GateResult(verdict, ratio, lo, hi, threshold, nb, nc, block, reason, runs, spread)
+
+
+def disturbed_verdict(
+    result: GateResult,
+    current: Sequence[str] = (),
+    baseline: Sequence[str] = (),
+) -> GateResult:
+    """`result` made INCONCLUSIVE when either run was disturbed (`current`,
+    `baseline`: the flags' messages). A gate with nothing to decide on (too
+    few steps: no ratio) is left as it is: that is a missing measurement,
+    whatever else happened."""
+    flags = tuple([f"current run: {m}" for m in current] + [f"baseline: {m}" for m in baseline])
+    if not flags or result.ratio is None:
+        return result
+    which = " and ".join(
+        w for w, f in (("the current run", current), ("the baseline", baseline)) if f
+    )
+    reason = (
+        f"measurement disturbed in {which} ({'; '.join(flags)}): no verdict from it; the "
+        f"step times alone gave {result.verdict.value.upper()} ({result.reason}); rerun on "
+        "a quiet machine, or pass --ignore-disturbed where it is always shared"
+    )
+    return dataclasses.replace(
+        result, verdict=Verdict.INCONCLUSIVE, reason=reason, disturbed=flags,
+        undisturbed=result.verdict,
+    )
 
 
 def parse_threshold(text: str) -> float:

@@ -411,6 +411,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
             pass
     start = time.monotonic()
     outcome_flags: dict[str, bool] = {"hung": False}
+    host_load = _start_host_load()
     try:
         proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup())
         if _terminal_owns_sigint():
@@ -427,6 +428,9 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
             signal.signal(sig, handler)
     elapsed = time.monotonic() - start
     meta.update({"returncode": returncode, "elapsed": elapsed})
+    evidence = _stop_host_load(host_load)
+    if evidence is not None:
+        meta["host_load"] = evidence
     if received:
         # What perfrun was sent and passed on: the child's status then says
         # how the child took it.
@@ -460,6 +464,32 @@ def _wait(
         except Exception as exc:  # the watch must never end the run
             sys.stderr.write(f"perfrun: note: hang watch failed: {exc}\n")
             return proc.wait()
+
+
+def _start_host_load() -> Any:
+    """Sample the host's load beside the job (hostload.py); its evidence
+    goes into this launcher's record of the run (run.json, or the node's
+    own record in a multi-node job folder). Never a reason for the run
+    not to start."""
+    try:
+        from .hostload import HostLoadSampler
+
+        sampler = HostLoadSampler(os.getpid())
+        sampler.start()
+        return sampler
+    except Exception as exc:  # noqa: BLE001 - the observer never stops the run
+        sys.stderr.write(f"perfrun: note: host load not sampled: {exc}\n")
+        return None
+
+
+def _stop_host_load(sampler: Any) -> Optional[dict[str, Any]]:
+    if sampler is None:
+        return None
+    try:
+        return sampler.stop()  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"perfrun: note: host load not recorded: {exc}\n")
+        return None
 
 
 def _meta_writer(run_dir: str, folder: RunFolder) -> Any:

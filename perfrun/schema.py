@@ -309,6 +309,63 @@ _WINDOW_SUMMARY = Obj({
 _PERCENT = Obj({"avg": Opt(NUMBER), "max": Opt(NUMBER)})
 _COUNTED = Obj({"calls": INT, "time": NUMBER})
 
+#: The FLOPs of the one step the rank counted (runtime/flops.py): per phase,
+#: the step (left out of the statistics), what it ran in, and why not when
+#: it was not counted.
+_FLOPS = Obj({
+    "counted": BOOL,
+    "step": Opt(INT),
+    "reason": Opt(STR),
+    "forward": INT,
+    "backward": INT,
+    "optimizer": INT,
+    "calls": Obj(values=INT),
+    "ops": Obj(values=INT),
+    "dtype": Opt(STR),
+    "autocast": BOOL,
+    "tf32": Opt(BOOL),
+    "device": Opt(STR),
+    "device_name": Opt(STR),
+    "seconds": NUMBER,
+    "notes": ListOf(STR),
+})
+
+#: What a rank's NVML samples say about disturbance (runtime/device.py;
+#: decided on in analysis/disturbed.py). Optional: older files have none.
+GPU_EVIDENCE = Obj({
+    "samples": INT,
+    "busy_samples": INT,
+    "reasons_samples": Opt(INT),
+    "reasons": Obj(values=NUMBER),
+    "sm_clock_min": Opt(INT),
+    "sm_clock_median": Opt(INT),
+    "sm_clock_max": Opt(INT),
+    "process_reads": Opt(INT),
+    "own_pid_seen": Opt(BOOL),
+    "other_processes": ListOf(Obj({"pid": INT, "name": Opt(STR), "kind": Opt(STR),
+                                   "used_memory_max": Opt(INT), "samples": INT})),
+    "unresolved_processes": Opt(LIST),
+    "ecc_uncorrected_new": Opt(INT),
+    "xid_available": Opt(BOOL),
+    "xid_errors": ListOf(INT),
+    "unavailable": Obj(values=STR),
+})
+#: What a launcher sampled of its host (hostload.py), in run.json or a
+#: node's record. Optional: older files have none.
+HOST_LOAD = Obj({
+    "version": INT,
+    "host": Opt(STR),
+    "cpu_count": Opt(INT),
+    "samples": INT,
+    **{name: Opt(NUMBER) for name in (
+        "seconds", "machine_busy_cores", "job_cores", "launcher_cores", "other_cores",
+        "other_cores_max", "steal_fraction")},
+    "cpu_freq": Opt(Obj(values=NUMBER)),
+    "top_others": ListOf(Obj({"pid": INT, "name": Opt(STR), "cores": NUMBER})),
+    "unavailable": ListOf(STR),
+    "sample_cost": Opt(OBJ),
+})
+
 #: The top-level keys of a rank file. Only the rows' container is declared
 #: here: they are the one part that grows with the run's length, and
 #: results.py checks them with bulk operations rather than per value.
@@ -362,13 +419,16 @@ RANK_FILE = Obj({
         "flush": Obj({"calls": INT, "time": NUMBER, "max": NUMBER, "bytes": INT}),
     }),
     "dataloaders": ListOf(OBJ),
+    # FLOPs of one step (runtime/flops.py); absent in older files, null
+    # when not asked for.
+    "flops": Opt(_FLOPS),
     "device": Opt(Obj({
         "samples": INT,
         "cpu_process_percent": _PERCENT,
         "cpu_system_percent": _PERCENT,
         "cpu_count": Opt(INT),
         "rss_peak_bytes": Opt(INT),
-        "gpus": ListOf(Obj({"index": Opt(INT), "name": Opt(STR)})),
+        "gpus": ListOf(Obj({"index": Opt(INT), "name": Opt(STR), "evidence": Opt(GPU_EVIDENCE)})),
         "driver": Opt(STR),
     })),
     "faults": ListOf(Obj({"where": STR, "count": INT, "error": Opt(STR)})),
@@ -406,6 +466,7 @@ RUN_META = Obj({
     "node_rank": Opt(INT),
     "signals": Opt(ListOf(STR)),
     "combined_from": Opt(ListOf(STR)),
+    "host_load": Opt(HOST_LOAD),
     # A multi-node job's folder (job.py): the job, and each node's record.
     "job": Opt(Obj({
         "id": Opt(STR),
@@ -425,6 +486,8 @@ BASELINE_FILE = Obj({
     "format": STR,
     "version": INT,
     "fingerprint": OBJ,
+    # Whether the baseline run was disturbed, as decided when it was saved.
+    "disturbed": Opt(ListOf(Obj({"kind": STR, "message": STR}))),
     "meta": Opt(RUN_META),
     "ranks": ListOf(OBJ),
     "missing": ListOf(INT),

@@ -98,6 +98,9 @@ class Settings:
     max_regression: float | None = None
     fail_on_inconclusive: bool = False
     allow_env_mismatch: bool = False
+    #: Gate even a run whose measurement was disturbed (a machine known to
+    #: be shared); by default such a run gives no verdict.
+    ignore_disturbed: bool = False
     #: No start notice on stderr (-q).
     quiet: bool = False
     #: Runs kept in the log folder (the oldest beyond are removed when a
@@ -113,6 +116,11 @@ class Settings:
     #: What follows a hang report: "report" (the run goes on) or "terminate"
     #: (the run is ended as by Ctrl-C; perfrun exits with ExitCode.HANG).
     hang_action: str = "report"
+    #: Count the FLOPs of one step (runtime/flops.py); --no-flops: off.
+    count_flops: bool = True
+    #: Peak dense TFLOP/s of one GPU for MFU (--peak-tflops), instead of
+    #: the table in peaks.py.
+    peak_tflops: float | None = None
 
     @property
     def gated(self) -> bool:
@@ -212,6 +220,10 @@ class Settings:
         if self.hang_timeout is not None and not self.hang_timeout > 0:  # NaN too
             raise SettingsError(
                 f"--hang-timeout must be a number of seconds above 0, not {self.hang_timeout}"
+            )
+        if self.peak_tflops is not None and not self.peak_tflops > 0:  # NaN too
+            raise SettingsError(
+                f"--peak-tflops must be a number of TFLOP/s above 0, not {self.peak_tflops}"
             )
         if self.hang_action not in ("report", "terminate"):
             raise SettingsError(

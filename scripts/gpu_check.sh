@@ -3,6 +3,7 @@
 # no network:
 #
 #     bash scripts/gpu_check.sh          (from anywhere; it works in the repository root)
+#     bash scripts/gpu_check.sh -k mfu   (arguments go to pytest: some checks only)
 #
 # It needs CUDA PyTorch, click, rich, pyyaml, psutil and nvidia-ml-py already
 # installed. It installs perfrun itself in editable mode (no dependencies, no
@@ -146,7 +147,7 @@ EOF
 say "pytest -m gpu tests/gpu"
 # The project's addopts ask for xdist (-n auto); these checks run in one
 # process, so the option is replaced rather than inherited.
-"$PY" -m pytest -m gpu tests/gpu -p no:xdist -p no:cacheprovider -o addopts=-ra -v -s
+"$PY" -m pytest -m gpu tests/gpu -p no:xdist -p no:cacheprovider -o addopts=-ra -v -s "$@"
 status=$?
 
 say "figures ($PERFRUN_GPU_FIGURES)"

@@ -5,8 +5,11 @@ pynvml cannot reach a driver on this machine, so `FakeNvml` stands in for the
 module: a machine of GPUs, each with a UUID, a PCI bus id, a name and
 readings that may be unsupported (utilisation on a MIG instance) or whose
 handle may fail. NVML's index order is deliberately not PCI order here, as
-NVML does not promise it. The real NVML is checked on a GPU by the project's
-GPU check.
+NVML does not promise it. The same stand-in answers the calls that gather
+the evidence of a disturbed measurement (clock event reasons, SM clocks,
+processes on the GPU, ECC counts, XID events), each of which can be made
+unsupported. The real NVML is checked on a GPU by the project's GPU check
+(tests/gpu/test_gpu.py).
 """
 
 from __future__ import annotations
@@ -23,12 +26,30 @@ class NVMLError(Exception):
     pass
 
 
+class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's own name
+    pass
+
+
 class FakeGpu:
     def __init__(self, uuid: str, bus: str, name: str = "H100", util: Optional[int] = 50,
                  used: int = GiB, broken: bool = False) -> None:
         self.uuid, self.bus, self.name = uuid, bus, name
         self.util, self.used, self.broken = util, used, broken
         self.util_calls = 0
+        # Disturbance evidence: a clock event reasons mask, SM clocks (MHz),
+        # processes (pid, used bytes) by kind, the volatile uncorrected ECC
+        # count, and readings made unsupported by name.
+        self.reasons = 0
+        self.sm, self.sm_max = 1980, 1980
+        self.compute: list[tuple[int, Optional[int]]] = []
+        self.graphics: list[tuple[int, Optional[int]]] = []
+        self.ecc = 0
+        self.power_limit, self.power_default = 700_000, 700_000  # mW
+        self.unsupported: set[str] = set()
+
+    def check(self, reading: str) -> None:
+        if reading in self.unsupported:
+            raise NVMLError("Not Supported")
 
 
 class FakeNvml:
@@ -77,6 +98,72 @@ class FakeNvml:
         if h.util is None:
             raise NVMLError("Not Supported")
         return SimpleNamespace(gpu=h.util)
+
+    # -- disturbance evidence -------------------------------------------------------
+
+    #: Drivers before 535 know only the older name of the reasons call.
+    events_name = True
+    xid_supported = True
+    pending_xids: list[tuple[FakeGpu, int]]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "nvmlDeviceGetCurrentClocksEventReasons" and self.events_name:
+            return self._reasons
+        raise AttributeError(name)
+
+    def _reasons(self, h: FakeGpu) -> int:
+        h.check("reasons")
+        return h.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeGpu) -> int:
+        return self._reasons(h)
+
+    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock: int) -> int:
+        assert clock == 1  # NVML_CLOCK_SM
+        h.check("clock")
+        return h.sm
+
+    def nvmlDeviceGetMaxClockInfo(self, h: FakeGpu, clock: int) -> int:
+        assert clock == 1
+        h.check("clock")
+        return h.sm_max
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeGpu) -> int:
+        h.check("power")
+        return h.power_limit
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: FakeGpu) -> int:
+        h.check("power")
+        return h.power_default
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:
+        h.check("processes")
+        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in h.compute]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list[Any]:
+        h.check("processes")
+        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in h.graphics]
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter: int) -> int:
+        assert (error_type, counter) == (1, 0)  # uncorrected, volatile
+        h.check("ecc")
+        return h.ecc
+
+    def nvmlEventSetCreate(self) -> str:
+        self.pending_xids = []
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, h: FakeGpu, kind: int, events: str) -> None:
+        assert kind == 0x8  # critical XID errors
+        if not self.xid_supported:
+            raise NVMLError("Not Supported")
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
+        assert timeout_ms == 0  # polled, never waited on
+        if not self.pending_xids:
+            raise NVMLError_Timeout("Timeout")
+        gpu, xid = self.pending_xids.pop(0)
+        return SimpleNamespace(device=gpu, eventData=xid, eventType=0x8)
 
 
 def machine() -> list[FakeGpu]:
@@ -191,3 +278,133 @@ def test_no_driver_turns_gpu_state_off() -> None:
     assert not s.has_nvml and s.summary()["gpus"] == []
     assert "gpu_mapping" not in s.summary()
     assert any("NVML unavailable (Driver Not Loaded)" in n for n in notes)
+
+
+# -- evidence of a disturbed measurement --------------------------------------------
+
+
+def one_gpu(**attrs: Any) -> tuple[FakeGpu, FakeNvml]:
+    gpu = FakeGpu("GPU-aaaa1111", "00000000:C1:00.0", util=90)
+    for key, value in attrs.items():
+        setattr(gpu, key, value)
+    return gpu, FakeNvml([gpu])
+
+
+def evidence(nvml: FakeNvml, samples: int = 4, job_pid: Optional[int] = None,
+             each: Any = None) -> dict[str, Any]:
+    s = DeviceSampler([], env={}, nvml=nvml, job_pid=job_pid)
+    for i in range(samples):
+        if each is not None:
+            each(i)
+        s.sample()
+    (g,) = s.summary()["gpus"]
+    return g["evidence"]  # type: ignore[no-any-return]
+
+
+def test_clock_reasons_are_decoded_and_counted_in_busy_samples_only() -> None:
+    from perfrun.runtime.device import decode_reasons
+
+    assert decode_reasons(0x1) == ["gpu_idle"]
+    assert decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_reasons(0x2 | 0x10 | 0x8 | 0x20 | 0x80 | 0x100) == [
+        "applications_clocks_setting", "hw_slowdown", "sync_boost", "sw_thermal_slowdown",
+        "hw_power_brake_slowdown", "display_clock_setting"]
+    gpu, nvml = one_gpu(reasons=0x4, sm=1410)
+
+    def phase(i: int) -> None:
+        # Two idle samples (utilisation 0, clocks down, "idle"), then busy.
+        gpu.util = 0 if i < 2 else 90
+        gpu.reasons = 0x1 if i < 2 else (0x4 if i < 4 else 0)
+        gpu.sm = 210 if i < 2 else (1410 if i < 4 else 1980)
+
+    ev = evidence(nvml, samples=6, each=phase)
+    assert ev["samples"] == 6 and ev["busy_samples"] == 4
+    assert ev["reasons"] == {"sw_power_cap": 0.5}  # idle samples not counted
+    assert ev["reasons_api"] == "nvmlDeviceGetCurrentClocksEventReasons"
+    assert (ev["sm_clock_min"], ev["sm_clock_median"], ev["sm_clock_max"]) == (1410, 1410, 1980)
+    assert (ev["power_limit_w"], ev["power_default_limit_w"]) == (700.0, 700.0)
+
+
+def test_an_older_driver_answers_the_throttle_reasons_call() -> None:
+    gpu, nvml = one_gpu(reasons=0x40)
+    nvml.events_name = False
+    ev = evidence(nvml)
+    assert ev["reasons_api"] == "nvmlDeviceGetCurrentClocksThrottleReasons"
+    assert ev["reasons"] == {"hw_thermal_slowdown": 1.0}
+
+
+def test_a_gpu_whose_utilisation_is_unreadable_counts_every_sample_as_busy() -> None:
+    gpu, nvml = one_gpu(util=None, reasons=0x20)
+    ev = evidence(nvml, samples=3)
+    assert ev["busy_samples"] == 3 and ev["busy_basis"].startswith("all samples")
+    assert ev["reasons"] == {"sw_thermal_slowdown": 1.0}
+
+
+def test_processes_of_the_job_are_not_others() -> None:
+    import os
+    import subprocess
+    import sys
+
+    # A real process tree: this test is the "launcher", a child of it a
+    # rank of the same job; a process outside the tree is another job's.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        gpu, nvml = one_gpu(compute=[(os.getpid(), GiB), (child.pid, GiB),
+                                     (outsider.pid, 3 * GiB), (999_999_999, None)],
+                            graphics=[(outsider.pid, 100 << 20)])
+        # The outsider is a child of this process too: call the child the
+        # launcher instead, so that only the child (itself) is the job.
+        ev = evidence(nvml, job_pid=child.pid)
+    finally:
+        child.kill()
+        outsider.kill()
+        child.wait()
+        outsider.wait()
+    assert ev["own_pid_seen"] is True
+    others = {(p["pid"], p["kind"]): p for p in ev["other_processes"]}
+    # This process's own PID was listed: one PID namespace, so the unknown
+    # PID is another container's process and counts as another's. A process
+    # listed as compute and graphics is one process, seen once a sample.
+    assert set(others) == {(outsider.pid, "compute"), (999_999_999, "compute")}
+    assert others[(outsider.pid, "compute")]["used_memory_max"] == 3 * GiB
+    assert others[(outsider.pid, "compute")]["samples"] == 4
+    assert ev["process_reads"] == 4
+    assert others[(outsider.pid, "compute")]["name"].startswith("python")
+    assert ev["unresolved_processes"] == []
+
+
+def test_pids_of_another_namespace_are_not_held_against_the_run() -> None:
+    # In a container NVML may list host PIDs only: not even this process's
+    # own PID appears. Those PIDs are recorded, not counted as others.
+    gpu, nvml = one_gpu(compute=[(999_999_998, GiB), (999_999_999, GiB)])
+    ev = evidence(nvml)
+    assert ev["own_pid_seen"] is False and ev["other_processes"] == []
+    assert [p["pid"] for p in ev["unresolved_processes"]] == [999_999_998, 999_999_999]
+
+
+def test_new_ecc_and_xid_errors_are_recorded() -> None:
+    gpu, nvml = one_gpu(ecc=5)
+
+    def later(i: int) -> None:
+        if i == 2:
+            gpu.ecc = 7
+            nvml.pending_xids += [(gpu, 79), (gpu, 48)]
+
+    ev = evidence(nvml, samples=4, each=later)
+    assert ev["ecc_uncorrected_new"] == 2  # counted from the first sample
+    assert ev["xid_available"] is True and ev["xid_errors"] == [79, 48]
+
+
+def test_each_unsupported_reading_is_recorded_and_not_asked_again() -> None:
+    gpu, nvml = one_gpu(unsupported={"reasons", "clock", "processes", "ecc"})
+    nvml.xid_supported = False
+    ev = evidence(nvml)
+    assert set(ev["unavailable"]) == {"clock_reasons", "sm_max", "sm_clock", "compute_processes",
+                                      "graphics_processes", "ecc", "xid"}
+    assert ev["reasons"] == {} and ev["sm_clock_median"] is None
+    assert ev["ecc_uncorrected_new"] is None and ev["xid_available"] is False
+    # The evidence still validates as part of a rank file.
+    from perfrun.schema import GPU_EVIDENCE, check
+
+    check(ev, GPU_EVIDENCE)

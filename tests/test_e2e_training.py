@@ -81,10 +81,12 @@ def check_spread(stats: dict[str, Any], name: str) -> None:
 
 def counted_rows(rank: RankResult, title: dict[str, Any]) -> list[list[Any]]:
     """The steps the report summarises: after warm-up, outside an excluded
-    detailed window."""
+    detailed window, and not the step that ran under the FLOP counter."""
     profiled = title.get("profiled") or title["window"]
     start, end = profiled if profiled and title["window_excluded"] else (0, 0)
-    return [row for i, row in enumerate(rank.rows) if i >= title["warmup"] and not start <= i < end]
+    flops = (rank.data.get("flops") or {}).get("step")
+    return [row for i, row in enumerate(rank.rows)
+            if i >= title["warmup"] and not start <= i < end and i != flops]
 
 
 def check_report(report: dict[str, Any], rank: RankResult) -> None:
@@ -320,9 +322,11 @@ def test_scheduler_window_is_recorded(run_perfrun: RunPerfrun) -> None:
     title = run.report()["title"]
     assert title["window"] == [3, 6]
     # Warm-up (1 step of 10), the profiler's own warm-up step (2, profiled
-    # with its events discarded) and the 3 window steps are left out.
+    # with its events discarded), the 3 window steps and the step the FLOPs
+    # were counted on (1) are left out.
     assert rank.data["profiled"] == [2, 6]
-    assert title["steps_counted"] == 10 - default_warmup(10) - 1 - 3
+    assert rank.data["flops"]["step"] == 1
+    assert title["steps_counted"] == 10 - default_warmup(10) - 1 - 3 - 1
 
 
 @pytest.mark.parametrize(

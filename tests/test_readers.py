@@ -192,7 +192,8 @@ def baseline_file(tmp_path: Path) -> Path:
     return path
 
 
-BASELINE_KEYS = ("format", "version", "fingerprint", "meta", "ranks", "missing", "history")
+BASELINE_KEYS = ("format", "version", "fingerprint", "disturbed", "meta", "ranks", "missing",
+                 "history")
 
 
 @pytest.mark.parametrize("key", BASELINE_KEYS)

@@ -178,3 +178,12 @@ def split_as_two_nodes(work: Path) -> None:
         for r in ranks:
             for path in run.glob(f"rank{r}.*"):
                 shutil.copy(path, folder)
+
+
+def test_every_exit_code_is_in_the_readmes_exit_code_table() -> None:
+    """The `## Exit codes` table lists every code perfrun/exitcodes.py
+    defines, and no other."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
+    assert listed == {int(code) for code in ExitCode}

@@ -223,11 +223,29 @@ def steady_table(
     start, end = (int(window[0]), int(window[1])) if (exclude_window and window) else (0, 0)
     first = max(0, warmup)
     lo, hi = max(first, start), min(n, end)
+    skip = _flops_skip(rank, n, first, (lo, hi))
+    if skip is not None:
+        keep = np.arange(n) >= first
+        keep[lo:max(lo, hi)] = False
+        keep[skip] = False
+        return np.asfortranarray(table[keep])
     # Column-major: every quantity reads whole columns, which in the file's
     # row-major layout would be strided reads across all of it.
     if hi <= lo:  # the window is not inside the counted steps: one slice
         return np.asfortranarray(table[first:])
     return np.asfortranarray(np.concatenate([table[first:lo], table[hi:]]))
+
+
+def _flops_skip(rank: RankResult, n: int, first: int, window: tuple[int, int]) -> Optional[int]:
+    """The step that ran under the FLOP counter (analysis/flops.py), when it
+    is among the steps counted: several times slower than the others, it is
+    left out as the detailed window's steps are."""
+    from perfrun.analysis.flops import counted_step
+
+    skip = counted_step(rank.data)
+    if skip is None or not first <= skip < n or window[0] <= skip < window[1]:
+        return None
+    return skip
 
 
 # -- Perf Summary ---------------------------------------------------------------
@@ -613,6 +631,9 @@ def _rank_steps(rank: RankResult, warmup: int, exclude_window: bool) -> RankStep
     if window:
         idx = np.arange(n)
         keep &= (idx < int(window[0])) | (idx >= int(window[1]))
+    skip = _flops_skip(rank, n, 0, (0, 0))
+    if skip is not None:
+        keep[skip] = False
     env = rank.data.get("env") or {}
     origin = rank.data.get("started_unix")
     return RankSteps(
@@ -881,6 +902,10 @@ class Report:
     view: dict[str, Any] = field(default_factory=dict)
     #: Bottleneck advice (analysis/advice.py), each with the numbers it rests on.
     advice: list[Any] = field(default_factory=list)
+    #: Achieved FLOP/s and MFU (analysis/flops.py); None for older files.
+    flops: Any = None
+    #: Why the figures may not be the script's own (analysis/disturbed.py).
+    disturbed: list[Any] = field(default_factory=list)
 
     def show(self, section: str) -> bool:
         return bool(self.sections.get(section, True))
@@ -904,6 +929,8 @@ class Report:
             "sections": dict(self.sections),
             "window": self.window.to_dict() if self.window is not None else None,
             "advice": [a.to_dict() for a in self.advice],
+            "flops": self.flops.to_dict() if self.flops is not None else None,
+            "disturbed": [f.to_dict() for f in self.disturbed],
         }
 
 
@@ -1067,6 +1094,13 @@ def build_report(
     profiled = profiled_steps(ref) if ref else None
     counted = steady_count(n_rows, warmup, profiled or window, exclude_window)
     after_warmup = steady_count(n_rows, warmup)
+    # The FLOP-counted step is left out too, but is no window step.
+    flops_left_out = int(ref is not None and _flops_skip(
+        ref, n_rows, max(0, warmup),
+        tuple(profiled or window) if (exclude_window and (profiled or window)) else (0, 0),
+    ) is not None)
+    after_warmup -= flops_left_out
+    counted -= flops_left_out
     title = Title(
         command=_command(run, ref),
         run_dir=run.run_dir,
@@ -1117,6 +1151,7 @@ def build_report(
                 f"all {_steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
                 "or the detailed window: nothing left to summarise (lower --warmup)"
             )
+        report.flops = _flops(ref, ranks, counted, warmup, exclude_window, settings, report)
         if report.model.overshoot_steps:
             report.notes.append(
                 f"{_steps_phrase(report.model.overshoot_steps)} recorded phases longer than "
@@ -1126,4 +1161,42 @@ def build_report(
     from perfrun.analysis.advice import advise, inputs_for
 
     report.advice = advise(inputs_for(report, ref, ranks))
+    report.disturbed = _disturbed(run)
     return report
+
+
+def _flops(ref: RankResult, ranks: Sequence[RankResult], counted: Any, warmup: int,
+           exclude_window: bool, settings: Mapping[str, Any], report: Report) -> Any:
+    """Achieved FLOP/s and MFU (analysis/flops.py), and a note on the
+    counted step; a damaged record costs the figures, never the report."""
+    from perfrun.analysis.flops import flops_summary
+
+    try:
+        peak = settings.get("peak_tflops")
+        peak = float(peak) if isinstance(peak, (int, float)) and peak > 0 else None
+        others = []
+        if len(ranks) > 1:
+            others = [(r.rank, r.data, steady_table(r, warmup, exclude_window=exclude_window))
+                      for r in ranks if r.n_steps]
+        summary = flops_summary(ref.data, counted, ref.table, peak, others)
+    except Exception:  # noqa: BLE001
+        return None
+    if summary is not None and summary.counted and summary.step is not None:
+        cost = summary.cost
+        slower = f", {cost * 1e3:.1f} ms slower than the median step" if cost and cost > 0 else ""
+        report.notes.append(
+            f"FLOPs counted on step {summary.step} (torch's FlopCounterMode{slower}); "
+            "that step is left out of the statistics"
+        )
+        report.notes.extend(f"FLOPs: {note}" for note in summary.notes)
+    return summary
+
+
+def _disturbed(run: RunResults) -> list[Any]:
+    """The disturbance flags; evidence that cannot be read is no flag."""
+    from perfrun.analysis.disturbed import flags_of
+
+    try:
+        return flags_of(run)
+    except Exception:  # noqa: BLE001 - a damaged record must not cost the report
+        return []

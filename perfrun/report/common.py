@@ -9,7 +9,7 @@ value prints identically in both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.analysis.straggler import ranks_phrase
@@ -231,6 +231,78 @@ def model_block(model: ModelSummary) -> TableBlock:
                       key_columns=2, groups=groups)
 
 
+def _rate_cell(value: Optional[float], factor: float) -> str:
+    """A FLOP/s figure: two decimals, or three significant digits below 1
+    (a tiny model's rate must not print as 0.00)."""
+    if value is None:
+        return DASH
+    scaled = value * factor
+    return f"{scaled:.2f}" if scaled >= 1.0 else f"{scaled:.3g}"
+
+
+def with_flops(block: TableBlock, flops: Any) -> TableBlock:
+    """The Model Summary with achieved FLOP/s (and MFU on a GPU) for the
+    rows whose FLOPs were counted (analysis/flops.py); where nothing was
+    counted, one line saying why."""
+    if flops is None:
+        return block
+    if not flops.counted:
+        block.footer.append(f"FLOP/s: not counted: {flops.reason}")
+        return block
+    unit, factor = flops.unit
+    columns = [Column(f"Achieved {unit}")]
+    if flops.on_gpu:
+        columns.append(Column("MFU(%)"))
+    first = len(block.columns)
+    block.columns.extend(columns)
+    for row in block.rows:
+        rate = flops.rate(row[0].strip())
+        value = rate.achieved if rate is not None else None
+        row.append(_rate_cell(value, factor))
+        if flops.on_gpu:
+            share = rate.mfu if rate is not None else None
+            row.append(fmt_percent(share * 100.0 if share is not None else None, 1))
+    if block.groups is not None:
+        block.groups.append(list(range(first, len(block.columns))))
+    step = flops.rate("ProfileStep")
+    what = f"FLOPs of step {flops.step}" if flops.step is not None else "FLOPs of one step"
+    total = f" ({step.flops / 1e9:.3g} GFLOP a step)" if step is not None else ""
+    basis = ("Forward / Backward: GPU time" if any(p.basis == "gpu" for p in flops.phases)
+             else "CPU time")
+    ran = flops.dtype or "unknown dtype"
+    if flops.autocast:
+        ran += " (autocast)"
+    if flops.tf32:
+        ran += ", TF32 matmuls"
+    block.footer.append(
+        f"Achieved {unit}: {what}{total} over the median steady time ({basis}); "
+        f"ran in {ran}"
+    )
+    if flops.on_gpu:
+        peak = flops.peak
+        if peak is not None:
+            name = f"{peak.model} {peak.dtype}" if peak.model else "given"
+            block.footer.append(
+                f"MFU: over the {name} peak of {peak.flops / 1e12:.1f} dense TFLOP/s "
+                f"({peak.source})"
+            )
+        elif flops.peak_reason:
+            block.footer.append(f"MFU: unknown: {flops.peak_reason}")
+        if flops.job is not None and flops.job.achieved is not None:
+            share = flops.job.mfu
+            block.footer.append(
+                f"Job ({plural(len(flops.ranks), 'rank')}): "
+                f"{_rate_cell(flops.job.achieved, factor)} {unit}"
+                + (f", MFU {share * 100.0:.1f}%" if share is not None else "")
+            )
+    elif flops.job is not None and flops.job.achieved is not None:
+        block.footer.append(
+            f"Job ({plural(len(flops.ranks), 'rank')}): "
+            f"{_rate_cell(flops.job.achieved, factor)} {unit}"
+        )
+    return block
+
+
 def _rank_status(status: str) -> str:
     # After the run, "running" means the rank never wrote its final record.
     return {"running": "died", "missing": "no results"}.get(status, status)
@@ -342,15 +414,32 @@ def advice_block(report: Report) -> Optional[LinesBlock]:
     return LinesBlock("advice", "Advice", lines) if lines else None
 
 
+def disturbed_block(report: Report) -> Optional[LinesBlock]:
+    """At the top of the report: what disturbed the measurement, each with
+    its figures (the JSON report has them under `disturbed[].evidence`)."""
+    flags = getattr(report, "disturbed", None) or []
+    if not flags:
+        return None
+    return LinesBlock(
+        "disturbed",
+        "Measurement disturbed: these figures may not be the script's own",
+        [f.message for f in flags],
+        "warning",
+    )
+
+
 def blocks(report: Report) -> list[Block]:
     """The report, top to bottom, as every text renderer prints it."""
     out: list[Block] = [TitleBlock("perfrun", report.title.entries())]
     if report.problem:
         out.append(LinesBlock("problem", None, [f"perfrun: {report.problem}"], "error", False))
+    disturbed = disturbed_block(report)
+    if disturbed is not None:
+        out.append(disturbed)
     if report.perf is not None:
         out.append(perf_block(report.perf, report.title.warmup, report.title.window_steps))
     if report.model is not None and report.show("model"):
-        out.append(model_block(report.model))
+        out.append(with_flops(model_block(report.model), getattr(report, "flops", None)))
     if report.ranks is not None and report.show("dist"):
         out.append(ranks_block(report.ranks))
     if report.device is not None and report.show("device"):

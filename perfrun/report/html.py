@@ -765,7 +765,7 @@ def _split(items: list[Block]) -> dict[str, list[Block]]:
     summary_keys = {"perf", "model", "device", "problem"}
     for b in items:
         key = getattr(b, "key", None)
-        if isinstance(b, TitleBlock):
+        if isinstance(b, TitleBlock) or key == "disturbed":
             groups["title"].append(b)
         elif key in summary_keys:
             groups["summary"].append(b)

@@ -106,6 +106,7 @@ class Agent:
         self._finished = False
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
+        self.flops: Any = None  # the FLOP counter (flops.py), default mode only
         self._exec_note = ""
         self._stack_file: Any = None
 
@@ -156,7 +157,8 @@ class Agent:
             hooks.install_excepthook(self.record_fault)
             self._setup_window(torch)
             self._setup_gpu_and_nvtx(torch)
-            self.sampler = DeviceSampler(self.notes)
+            self._setup_flops(torch)
+            self.sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
             self._thread = threading.Thread(
                 target=self._flush_loop, name="perfrun-flush", daemon=True
             )
@@ -203,6 +205,65 @@ class Agent:
         self._begin_listeners.append(self.window.step_begin)
         self._end_listeners.append(self.window.step_end)
 
+    # -- FLOPs (flops.py) ---------------------------------------------------------
+
+    def _setup_flops(self, torch: Any) -> None:
+        """Count the FLOPs of one step, in the default mode only (the
+        counted step is several times slower: timer-only promises a cheap
+        run). The hooks must hear that step begin as it begins, so the
+        clock stays live until it has ended."""
+        if self.settings.timer_only or not self.settings.count_flops:
+            return
+        try:
+            from .flops import FlopCounter, counted_step
+
+            sched = self.settings.scheduler
+            profiled = (max(0, sched[0] - 1), sched[1]) if sched else None
+            self.flops = FlopCounter(torch, self.hooks_state, self.tracker, self.record_fault,
+                                     counted_step(profiled))
+            self._begin_listeners.append(self._flops_step_begin)
+            self._end_listeners.append(self._flops_step_end)
+            self._update_listener()  # live until the counted step has ended
+        except Exception as exc:
+            self.flops = None
+            self.record_fault("flops", exc)
+
+    def _flops_pending(self) -> bool:
+        """Whether the FLOP counter still waits for its step (the clock must
+        then be live)."""
+        return self.flops is not None and not self.flops.done
+
+    def _flops_step_begin(self, index: int, t: float) -> None:
+        flops = self.flops
+        if flops is None or flops.done:
+            return
+        if index == flops.target and not self.clock.live:
+            # Heard from the buffer, after the step began (something made
+            # the clock buffer meanwhile): count the next step, live.
+            flops.target = index + 1
+            self.clock.set_live(True)
+            return
+        flops.step_begin(index, t)
+
+    def _flops_step_end(self, index: int, t: float, committed: bool) -> None:
+        flops = self.flops
+        if flops is None or flops.done:
+            return
+        flops.step_end(index, t, committed)
+        if flops.done:
+            self._update_listener()  # the clock may go back to buffering
+
+    def _flops_record(self) -> Optional[dict[str, Any]]:
+        if self.flops is None:
+            why = ("off (--timer-only)" if self.settings.timer_only
+                   else "off (--no-flops)" if not self.settings.count_flops else None)
+            return {"counted": False, "step": None, "reason": why} if why else None
+        try:
+            return self.flops.result()
+        except Exception as exc:
+            self.record_fault("flops", exc)
+            return None
+
     def _nsys_here(self) -> bool:
         """Is this rank profiled by nsys (all ranks, or one of --nsys-ranks)?"""
         if not self.settings.nsys:
@@ -216,16 +277,17 @@ class Agent:
         It is live while something acts on edges or step boundaries as they
         happen: NVTX ranges with a tool attached (without one, nvtx's domain
         is a no-op stand-in, so its ranges are left out), the CUDA timer,
-        the profiler window, module ranges (--nsys), --stop-after, and a
-        torch built with CUDA until the script initialised it (the step
-        boundary checks for that).
+        the profiler window, module ranges (--nsys), --stop-after, the FLOP
+        counter until its step has ended (it must hear that step begin as
+        it begins), and a torch built with CUDA until the script initialised
+        it (the step boundary checks for that).
         Otherwise edges are buffered, as in --timer-only: the default mode on
         a CPU run pays what the timer-only mode pays."""
         nvtx = self.nvtx if self.nvtx is not None and self.nvtx.attached else None
         edges = [x.edge for x in (nvtx, self.gpu_timer, self.window) if x is not None]
         self.clock.set_live(bool(edges) or self.window is not None or self._cuda_possible
                             or self.module_ranges is not None
-                            or self._stop_at != float("inf"))
+                            or self._stop_at != float("inf") or self._flops_pending())
         if not edges:
             self.phase_clock.listener = None
         elif len(edges) == 1:
@@ -479,6 +541,7 @@ class Agent:
                 },
             },
             "dataloaders": list(self.loaders.values()),
+            "flops": self._flops_record(),
             "device": device,
             "faults": [{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
             "notes": list(self.notes),
@@ -565,6 +628,11 @@ class Agent:
         except Exception as exc:
             self.record_fault("finish", exc)
         self.tracker.finish(perf_counter())
+        if self.flops is not None:
+            try:
+                self.flops.finish()
+            except Exception as exc:
+                self.record_fault("flops", exc)
         if self.window is not None:
             try:
                 self.window.finish()

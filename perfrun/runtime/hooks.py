@@ -29,6 +29,9 @@ Rules every wrapper follows:
   Dynamo folds to True without a guard and which is False in eager code, so
   a traced call goes straight to the original and perfrun adds no guard and
   no recompile.
+* FLOPs (flops.py): on the one step perfrun counts, `state.flops` is set
+  and forward, backward and `optimizer.step` hand their call to it; on every
+  other step that read, and a test for None, is all it costs.
 * The one argument a hook changes is an optimizer step's closure
   (`optimizer.step(closure)`): it is passed on wrapped in a callable that
   calls it once with the same arguments and returns its result, so the
@@ -40,6 +43,7 @@ Rules every wrapper follows:
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import weakref
@@ -68,10 +72,13 @@ class HookState:
     outermost module call next asks the RootFinder whether to search (every
     call while a search runs)."""
 
-    __slots__ = ("block", "main_thread", "backward", "due")
+    __slots__ = ("block", "main_thread", "backward", "due", "flops")
 
     def __init__(self) -> None:
         self.block = 0
+        # The FLOP counter (flops.py), set only during the one step it
+        # counts: forward, backward and optimizer.step hand it their call.
+        self.flops: Any = None
         self.main_thread = threading.get_ident()
         # Open backward calls: module forwards run inside one are
         # recomputation (activation checkpointing), not forward.
@@ -176,8 +183,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     clock.drain()
             except Exception as exc:
                 fault("forward", exc)
+            counter = state.flops
             try:
-                result = call(*args, **kwargs) if kwargs else call(*args)
+                if counter is None:
+                    result = call(*args, **kwargs) if kwargs else call(*args)
+                else:
+                    result = counter.run(FWD, call, args, kwargs)
             except BaseException:
                 state.block -= 1
                 try:
@@ -211,8 +222,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     clock.drain()
             except Exception as exc:
                 fault("backward", exc)
+            counter = state.flops
             try:
-                result = orig(*args, **kwargs) if kwargs else orig(*args)
+                if counter is None:
+                    result = orig(*args, **kwargs) if kwargs else orig(*args)
+                else:
+                    result = counter.run(BWD, orig, args, kwargs)
             except BaseException:
                 state.block -= 1
                 state.backward -= 1
@@ -318,8 +333,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                         kwargs = {**kwargs, "closure": timed_closure(kwargs["closure"], live)}
             except Exception as exc:
                 fault("optimizer.step", exc)
+            counter = state.flops
             try:
-                result = orig(*args, **kwargs) if kwargs else orig(*args)
+                if counter is None:
+                    result = orig(*args, **kwargs) if kwargs else orig(*args)
+                else:
+                    result = counter.run(OPT, orig, args, kwargs)
             except BaseException:
                 if live is not None:
                     live[0] = False
@@ -675,6 +694,11 @@ def _batch_size(batch: Any, depth: int = 0) -> int:
     return 0
 
 
+#: Files whose frames a hooked call adds: the wrappers, and the FLOP
+#: counter's `run` on the one step it counts.
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "flops.py"))
+
+
 def without_wrapper_frames(tb: Any) -> Any:
     """The traceback `tb` with the frames of perfrun's wrappers removed: each
     hooked call adds one frame to an exception passing through it, and the
@@ -683,7 +707,7 @@ def without_wrapper_frames(tb: Any) -> Any:
 
     kept = []
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename != __file__:
+        if tb.tb_frame.f_code.co_filename not in _OWN_FILES:
             kept.append(tb)
         tb = tb.tb_next
     rebuilt = None

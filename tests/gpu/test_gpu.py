@@ -540,3 +540,111 @@ def test_default_mode_overhead_on_a_10ms_gpu_step(tmp_path: Path, figures: Any) 
         perfrun_median_ms=statistics.median(perfrun_ms),
     )
     assert median_ratio < OVERHEAD_LIMIT, (ratios, plain_ms, perfrun_ms)
+
+
+# -- disturbed-measurement evidence ----------------------------------------------------
+
+#: The clock event reasons perfrun decodes (runtime/device.py).
+REASON_NAMES = {"gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
+                "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                "hw_power_brake_slowdown", "display_clock_setting"}
+
+
+def test_disturbance_evidence_is_read_and_a_normal_run_is_not_flagged(
+    tmp_path: Path, figures: Any
+) -> None:
+    """A few seconds of 10 ms GPU steps, sampled every half second: the new
+    NVML readings work on a real driver (clock event reasons decoded, SM
+    clock against its maximum, the GPU's process list with this run's own
+    process in it, ECC and XID availability recorded), and a run on a
+    machine lent to this check alone raises no disturbance flag."""
+    script = str(SCRIPTS / "cuda_overhead.py")
+    run = perfrun(tmp_path, "--timer-only", "--flush-interval", "0.5", script,
+                  "--steps", "600", "--skip", "20")
+    assert run.returncode == 0, run.describe()
+    device = run.rank0().data["device"]
+    gpu = next(g for g in device["gpus"] if g.get("evidence", {}).get("busy_samples"))
+    ev = gpu["evidence"]
+    report = run.report()
+    meta = json.loads((run.run_dir / "run.json").read_text(encoding="utf-8"))
+    host = meta.get("host_load") or {}
+    figures(
+        name=gpu["name"], samples=ev["samples"], busy_samples=ev["busy_samples"],
+        reasons_api=ev["reasons_api"], reasons=ev["reasons"],
+        sm_clock_min=ev["sm_clock_min"], sm_clock_median=ev["sm_clock_median"],
+        sm_clock_max=ev["sm_clock_max"], power_limit_w=ev["power_limit_w"],
+        power_default_limit_w=ev["power_default_limit_w"], own_pid_seen=ev["own_pid_seen"],
+        other_processes=ev["other_processes"], unresolved=ev["unresolved_processes"],
+        ecc_uncorrected_new=ev["ecc_uncorrected_new"], xid_available=ev["xid_available"],
+        xid_errors=ev["xid_errors"], unavailable=ev["unavailable"],
+        flags=[f["message"] for f in report["disturbed"]],
+        host_other_cores=host.get("other_cores"), host_steal=host.get("steal_fraction"),
+        host_cpu_freq=host.get("cpu_freq"), host_sample_cost=host.get("sample_cost"),
+    )
+    assert ev["busy_samples"] >= 3, ev
+    assert ev["reasons_api"] is not None, ev["unavailable"]
+    assert set(ev["reasons"]) <= REASON_NAMES, ev["reasons"]
+    assert ev["sm_clock_max"] and ev["sm_clock_median"], ev
+    assert 0 < ev["sm_clock_min"] <= ev["sm_clock_median"] <= ev["sm_clock_max"] * 1.05, ev
+    assert ev["power_limit_w"] or "power_limit" in ev["unavailable"], ev
+    assert ev["process_reads"] > 0, ev["unavailable"]
+    # This process is on the list: by its own PID, or (a container with a
+    # PID namespace of its own) as a PID that names no process here.
+    assert ev["own_pid_seen"] or ev["unresolved_processes"], ev
+    assert "ecc" in ev["unavailable"] or ev["ecc_uncorrected_new"] is not None, ev
+    assert ev["xid_available"] or "xid" in ev["unavailable"], ev
+    assert report["disturbed"] == [], report["disturbed"]
+
+
+# -- 10. MFU of a GPT-like model against a hand calculation --------------------------------
+
+GPT_STEPS, GPT_SKIP = 60, 20
+
+
+def script_figure(run: Run, name: str) -> str:
+    lines = run.lines(name + " ")
+    assert lines, f"the script printed no {name}\n{run.describe()}"
+    return lines[-1].split(" ", 1)[1]
+
+
+def test_mfu_of_a_gpt_in_bf16_against_a_hand_calculation(tmp_path: Path, figures: Any) -> None:
+    """A small GPT in bf16 autocast under perfrun: the FLOPs perfrun counted
+    against the script's analytic figure, and the MFU it reports against
+    analytic FLOPs per step / the script's own step time / the table's peak
+    for this GPU."""
+    from perfrun.peaks import peak_for
+
+    script = str(SCRIPTS / "cuda_gpt.py")
+    run = perfrun(tmp_path, script, "--steps", str(GPT_STEPS), "--skip", str(GPT_SKIP))
+    assert run.returncode == 0, run.describe()
+    forward = int(script_figure(run, "FLOPS_FORWARD"))
+    backward = int(script_figure(run, "FLOPS_BACKWARD"))
+    per_step = int(script_figure(run, "FLOPS_PER_STEP"))
+    device = script_figure(run, "DEVICE")
+    step_ms = float(script_figure(run, "STEP_MS"))
+    counted = run.rank0().data["flops"]
+    report = run.report()["flops"]
+    peak, why = peak_for(device, "bfloat16")
+    hand_mfu = per_step / (step_ms / 1e3) / peak.flops if peak is not None else None
+    phases = {p["name"]: p for p in report["phases"]}
+    step = phases["ProfileStep"]
+    figures(
+        device=device, peak_tflops=peak.flops / 1e12 if peak else None, peak_missing=why,
+        analytic_forward=forward, counted_forward=counted["forward"],
+        analytic_backward=backward, counted_backward=counted["backward"],
+        counted_optimizer=counted["optimizer"], dtype=counted["dtype"],
+        autocast=counted["autocast"], counted_step=counted["step"],
+        counting_seconds=counted["seconds"], script_step_ms=step_ms,
+        perfrun_step_ms=ms(step["seconds"]),
+        achieved_tflops_step=step["achieved"] / 1e12 if step["achieved"] else None,
+        achieved_tflops_forward=(phases["Forward"]["achieved"] or 0) / 1e12,
+        achieved_tflops_backward=(phases["Backward"]["achieved"] or 0) / 1e12,
+        mfu_reported=step["mfu"], mfu_by_hand=hand_mfu, notes=counted["notes"],
+    )
+    assert counted["counted"] and counted["dtype"] == "bfloat16" and counted["autocast"]
+    assert counted["forward"] == pytest.approx(forward, rel=0.005)
+    assert counted["backward"] == pytest.approx(backward, rel=0.005)
+    assert phases["Forward"]["basis"] == "gpu"
+    if peak is None:
+        pytest.skip(f"no MFU to compare on this GPU: {why}")
+    assert step["mfu"] == pytest.approx(hand_mfu, rel=0.15)

@@ -1,0 +1,95 @@
+"""FLOPs end to end: a small MLP trained under perfrun, its counted FLOPs
+against the figure worked out from its shapes, the counted step left out of
+the statistics, the achieved GFLOP/s against torch.utils.benchmark's timing
+of the same matmuls, and a compiled model (not counted, and no recompile).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import RunPerfrun, e2e_environment
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "flops_train.py")
+WIDTH, BATCH, STEPS = 512, 128, 12
+#: One Linear's forward, 2*m*n*k; the MLP has three.
+LINEAR = 2 * BATCH * WIDTH * WIDTH
+
+pytestmark = pytest.mark.slow
+
+
+def matmul_rate() -> float:
+    """FLOP/s of the forward's matmul on one thread, timed by torch."""
+    import torch
+    from torch.utils import benchmark
+
+    x, w, b = torch.randn(BATCH, WIDTH), torch.randn(WIDTH, WIDTH), torch.randn(WIDTH)
+    timer = benchmark.Timer(stmt="torch.addmm(b, x, w)", globals={"torch": torch, "x": x,
+                                                                   "w": w, "b": b},
+                            num_threads=1)
+    return LINEAR / timer.blocked_autorange(min_run_time=0.3).median
+
+
+def test_flops_counted_reported_and_left_out(run_perfrun: RunPerfrun) -> None:
+    run = run_perfrun("--warmup", "2", SCRIPT, "--width", str(WIDTH), "--batch", str(BATCH),
+                      "--steps", str(STEPS))
+    assert run.returncode == 0, run.describe()
+    rank = run.rank0()
+    flops = rank.data["flops"]
+    assert rank.data["faults"] == [], rank.data["faults"]
+    assert flops["counted"] and flops["step"] == 1, flops
+    assert flops["forward"] == 3 * LINEAR
+    # Weight gradients of all three, input gradients of the last two.
+    assert flops["backward"] == 5 * LINEAR
+    assert flops["optimizer"] == 0 and flops["dtype"] == "float32"
+    report = run.report()
+    # Step 1 lies inside the warm-up here: nothing more is left out.
+    assert report["title"]["steps_counted"] == STEPS - 2
+    phases = {p["name"]: p for p in report["flops"]["phases"]}
+    assert phases["Forward"]["basis"] == "cpu" and phases["Forward"]["mfu"] is None
+    forward = phases["Forward"]["achieved"]
+    backward = phases["Backward"]["achieved"]
+    reference = matmul_rate()
+    # Generous: the machine is shared, and a phase holds more than its
+    # matmuls (ReLU, the loss, Python).
+    assert reference / 3 < forward < reference * 3, (forward, reference)
+    assert reference / 3 < backward < reference * 3, (backward, reference)
+    print(f"\nforward {forward / 1e9:.2f} GFLOP/s, backward {backward / 1e9:.2f} GFLOP/s, "
+          f"torch.utils.benchmark addmm {reference / 1e9:.2f} GFLOP/s")
+
+
+def test_no_flops(run_perfrun: RunPerfrun) -> None:
+    """--no-flops: nothing counted, no step left out, and the table says why
+    (the counted case's tables: tests/test_flops.py, on hand-built rows)."""
+    run = run_perfrun("--warmup", "0", "--no-flops", SCRIPT, "--width", "64", "--batch", "8",
+                      "--steps", "6", json_report=False)
+    assert run.returncode == 0, run.describe()
+    assert "FLOP/s: not counted: off (--no-flops)" in run.out
+    assert run.rank0().data["flops"]["reason"] == "off (--no-flops)"
+    assert run.report()["title"]["steps_counted"] == 6
+
+
+def test_a_compiled_model_is_not_counted_and_not_recompiled(
+    run_perfrun: RunPerfrun, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from test_e2e_compile import dynamo_log
+
+    env = e2e_environment()
+    env["TORCH_LOGS"] = "recompiles,guards"
+    args = [SCRIPT, "--compile", "--width", "32", "--batch", "8", "--steps", "6"]
+    plain = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    run = run_perfrun(*args, env=env, timeout=300)
+    assert run.returncode == 0, run.describe()
+    assert dynamo_log(run.err) == dynamo_log(plain.stderr)
+    flops = run.rank0().data["flops"]
+    assert not flops["counted"] and flops["step"] is None
+    assert flops["reason"].startswith("compiled module"), flops
+    report = run.report()
+    assert report["flops"]["reason"].startswith("compiled module")
+    assert run.rank0().data["faults"] == []
