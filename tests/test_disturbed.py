@@ -56,7 +56,8 @@ def gpu(**figures: Any) -> dict[str, Any]:
         "samples": 20, "busy_samples": 20, "busy_basis": "utilisation > 0",
         "reasons_api": "nvmlDeviceGetCurrentClocksEventReasons", "reasons_samples": 20,
         "reasons": {}, "sm_clock_min": 1950, "sm_clock_median": 1980, "sm_clock_max": 1980,
-        "power_limit_w": 700.0, "power_default_limit_w": 700.0, "process_reads": 20, "own_pid_seen": True, "other_processes": [],
+        "power_limit_w": 700.0, "power_default_limit_w": 700.0, "process_reads": 20,
+        "own_pid_seen": True, "other_processes": [],
         "unresolved_processes": [], "ecc_uncorrected_new": 0, "xid_available": True,
         "xid_errors": [], "unavailable": {},
     }

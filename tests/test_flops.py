@@ -8,8 +8,10 @@ the shapes, never read back from torch.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -111,23 +113,19 @@ def test_causal_fraction() -> None:
     assert math.isclose(causal_fraction(2048, 2048), 0.5, rel_tol=1e-3)
 
 
-class Block(nn.Module):
-    """A GPT block: pre-norm causal self-attention and a 4x MLP."""
+def _gpu_script(name: str) -> Any:
+    """A script of the GPU check, imported (its `main` is not run)."""
+    path = Path(__file__).parent / "gpu" / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"perfrun_gpu_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __init__(self, c: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
-        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
-        self.fc, self.out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+#: A GPT block (pre-norm causal self-attention and a 4x MLP): the very one
+#: the GPU check trains under perfrun to measure MFU, counted here on CPU.
+Block = _gpu_script("cuda_gpt").Block
 
 
 def test_gpt_block_against_the_analytic_figure() -> None:
