@@ -46,6 +46,9 @@ class Agent:
         t0_unix: Optional[float] = None,
     ) -> None:
         self.settings = Settings.from_json(json.dumps(payload))
+        # As the rank file gives them: made once (the settings are frozen),
+        # not at every save, where it cost half a millisecond of the GIL.
+        self._settings_doc = json.loads(self.settings.to_json())
         self.payload = payload
         env = os.environ
         self.rank = _int(env.get("RANK"), 0)
@@ -499,7 +502,7 @@ class Agent:
             "started_unix": self.t0_unix,
             "elapsed": round(perf_counter() - self.t0, 6),
             "env": self._env(),
-            "settings": {k: v for k, v in json.loads(self.settings.to_json()).items()},
+            "settings": self._settings_doc,
             "window": list(self.settings.scheduler) if self.settings.scheduler else None,
             "profiled": (
                 [self.window.start - self.window.warm, self.window.end]
