@@ -9,6 +9,7 @@ run that is slower than its baseline gets no regression from the gate.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -387,6 +388,20 @@ def wait_for_quiet(timeout: float = 30.0) -> None:
         pass
 
 
+def _false_alarm_script() -> Any:
+    """scripts/host_load_false_alarm.py, imported for its independent
+    measurement of the other processes' CPU (psutil alone)."""
+    path = Path(__file__).parent.parent / "scripts" / "host_load_false_alarm.py"
+    spec = importlib.util.spec_from_file_location("perfrun_host_load_false_alarm", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FALSE_ALARM = _false_alarm_script()
+
+
 def evidence(log_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The run's host-load evidence and its JSON report."""
     latest = log_dir / "latest"
@@ -408,22 +423,36 @@ def test_a_run_beside_busy_processes_is_flagged_and_a_quiet_one_is_not(tmp_path:
     assert "Measurement disturbed" in done.stdout
     assert done.stdout.index("Measurement disturbed") < done.stdout.index("Perf Summary")
 
-    # Quiet: this machine is shared with other work, which the flag rightly
-    # sees; a few tries, each at a quiet moment where there is one, find one.
+    # Quiet: this machine is shared with other work (in CI, the suite's
+    # other worker), which the flag rightly sees. So each try also measures
+    # the other processes itself, apart from perfrun's code, and the run
+    # must agree with that: the same figure, no flag where it is low, a flag
+    # where it is high. A few tries, each at a quiet moment where there is
+    # one, look for a quiet run.
     tries = []
     for k in range(3):
         wait_for_quiet()
-        done = perfrun(tmp_path, "-q", "--log-dir", f"quiet{k}", str(SCRIPT), "--steps", STEPS)
+        with FALSE_ALARM.Background() as measured:
+            done = perfrun(tmp_path, "-q", "--log-dir", f"quiet{k}", str(SCRIPT),
+                           "--steps", STEPS)
         assert done.returncode == 0, done.stderr
         ev, doc = evidence(tmp_path / f"quiet{k}")
         # The job's own CPU is the job's, never "other" (however little of
         # the machine it got while the rest of the suite ran beside it).
         assert ev["job_cores"] > 0.1, ev
-        tries.append((ev["other_cores"], [f["message"] for f in doc["disturbed"]]))
-        if not doc["disturbed"]:
-            assert "Measurement disturbed" not in done.stdout
+        others = measured.cores()
+        flagged = "host_cpu_others" in [f["kind"] for f in doc["disturbed"]]
+        tries.append((round(others, 2), ev["other_cores"], flagged))
+        # The two windows differ by perfrun's start-up (about a second of a
+        # few-second run) while the other work comes and goes: hence the
+        # margins around the 0.5-core threshold.
+        assert abs(ev["other_cores"] - others) < 0.4, tries
+        if others < 0.15:
+            assert not flagged and "Measurement disturbed" not in done.stdout, tries
             return
-    pytest.skip(f"the machine was busy with other work during every quiet try: {tries}")
+        if others > 0.95:
+            assert flagged, tries
+    print(f"no quiet moment: other processes' cores (independent, perfrun's, flagged): {tries}")
 
 
 def test_a_disturbed_slower_run_is_inconclusive_never_a_regression(tmp_path: Path) -> None:
