@@ -1,0 +1,108 @@
+"""Which of perfrun's own work lands on the script's slowest steps?
+
+    python scripts/bench_stalls.py [STEPS]                     (plain)
+    python -m perfrun --timer-only scripts/bench_stalls.py [STEPS]
+    python -m perfrun scripts/bench_stalls.py [STEPS]          (default mode)
+
+A tiny training loop (a step of a few hundred microseconds, no DataLoader)
+times each of its own steps with time.perf_counter. Under perfrun it also
+records when perfrun's saves (`Agent.write`, in the flush thread), replays
+of buffered edges (`BufferedClock._replay`, in the script's thread) and
+device samples ran, and the garbage collector's passes in any mode. At the
+end it prints the median step, its 99.99th percentile and slowest step, and
+for each kind of span the slowest step that overlapped one: a save that
+stalls the script shows there, in the script's own stopwatch.
+
+It reaches into perfrun's runtime (perfrun.runtime.agent.current()) to wrap
+those methods: a diagnostic, not something a script should do.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from time import perf_counter
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+SPANS: dict[str, list[tuple[float, float]]] = {"save": [], "replay": [], "sample": [], "gc": []}
+
+
+def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPANS[name].append((t, perf_counter()))
+
+    return wrapper
+
+
+def watch_gc() -> None:
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = perf_counter()
+        else:
+            SPANS["gc"].append((started[0], perf_counter()))
+
+    gc.callbacks.append(callback)
+
+
+def watch_perfrun() -> bool:
+    try:
+        from perfrun.runtime import agent as agent_mod
+    except ImportError:
+        return False
+    agent = agent_mod.current()
+    if agent is None:
+        return False
+    agent.write = timed("save", agent.write)
+    cls = type(agent.clock)
+    cls._replay = timed("replay", cls._replay)
+    if agent.sampler is not None:
+        agent.sampler.sample = timed("sample", agent.sampler.sample)
+    return True
+
+
+def main(argv: list[str]) -> None:
+    steps = int(argv[0]) if argv else 200_000
+    torch.set_num_threads(1)
+    model = nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    watch_gc()
+    marks: list[float] = []
+    under = False
+    for i in range(steps):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+        marks.append(perf_counter())
+        if i == 5:
+            under = watch_perfrun()
+    # Steady steps only: the first hundred pay one-off costs.
+    timed_steps = [(marks[i + 1] - marks[i], marks[i], marks[i + 1])
+                   for i in range(100, len(marks) - 1)]
+    times = sorted(t for t, _, _ in timed_steps)
+    print(f"STALLS {'under perfrun' if under else 'plain'}: {len(times)} steps, "
+          f"median {times[len(times) // 2] * 1e6:.1f} us, "
+          f"99.99th percentile {times[int(len(times) * 0.9999)] * 1e3:.2f} ms, "
+          f"slowest {times[-1] * 1e3:.2f} ms")
+    for name, spans in SPANS.items():
+        if not spans:
+            continue
+        near = sorted(t for t, s, e in timed_steps if any(a < e and b > s for a, b in spans))
+        longest = max(b - a for a, b in spans)
+        if near:
+            print(f"STALLS {name}: {len(spans)} spans, longest {longest * 1e3:.2f} ms; "
+                  f"{len(near)} steps overlap one, slowest {near[-1] * 1e3:.2f} ms, "
+                  f"median {near[len(near) // 2] * 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
