@@ -237,16 +237,11 @@ class Agent:
         return self.flops is not None and not self.flops.done
 
     def _flops_step_begin(self, index: int, t: float) -> None:
+        # Heard live: the clock stays live while the counter waits (see
+        # _update_listener), so the step is counted from its first edge.
         flops = self.flops
-        if flops is None or flops.done:
-            return
-        if index == flops.target and not self.clock.live:
-            # Heard from the buffer, after the step began (something made
-            # the clock buffer meanwhile): count the next step, live.
-            flops.target = index + 1
-            self.clock.set_live(True)
-            return
-        flops.step_begin(index, t)
+        if flops is not None and not flops.done:
+            flops.step_begin(index, t)
 
     def _flops_step_end(self, index: int, t: float, committed: bool) -> None:
         flops = self.flops
@@ -563,7 +558,7 @@ class Agent:
         (position.py), so the training thread pays nothing for it."""
         tracker = self.tracker
         clock = self.clock
-        pending = list(clock.buf) if isinstance(clock, BufferedClock) else []
+        pending = list(clock.buf)
         where = locate(
             list(self.phase_clock.stack), pending, tracker.current_index, tracker.open,
             tracker.start if tracker.open else None, tracker.first_kind,
@@ -579,7 +574,7 @@ class Agent:
             "since_unix": unix(where["since"]),
             "step_since_unix": unix(where["step_since"]),
             "written_unix": unix(now),
-            "buffered": isinstance(clock, BufferedClock) and not clock.live,
+            "buffered": not clock.live,
         }
 
     def _position_or_none(self) -> Optional[dict[str, Any]]:
