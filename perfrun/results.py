@@ -127,6 +127,16 @@ class RankResult:
         self._table = as_table(self._rows or [])
         return self._table
 
+    def step_rows(self, lo: int, hi: int) -> Any:
+        """Steps lo to hi (not included) as an array, read from a step
+        file without reading the rest of it."""
+        lo, hi = max(0, lo), min(hi, self.n_steps)
+        if self._table is None and self.steps_file is not None and self._rows is None:
+            import numpy as np
+
+            return np.array(load_step_table(self.steps_file, mapped=True)[lo:max(lo, hi)])
+        return self.table[lo:max(lo, hi)]
+
     @property
     def rows(self) -> list[list[Any]]:
         if self._rows is None:

@@ -22,7 +22,14 @@ from builders import make_rank, make_row, make_run
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from perfrun.analysis.flops import achieved, counted_step, flops_summary, job_rates, mfu
+from perfrun.analysis.flops import (
+    achieved,
+    counted_step,
+    flops_summary,
+    job_rates,
+    median_step,
+    mfu,
+)
 from perfrun.analysis.summary import build_report, steady_table
 from perfrun.peaks import PEAKS, dtype_key, match_gpu, peak_for
 from perfrun.results import RankResult
@@ -337,7 +344,7 @@ def test_cpu_rates_per_phase_and_the_counted_step_left_out() -> None:
     assert counted_step(rank.data) == 1
     steady = steady_table(rank, warmup=0)
     assert steady.shape[0] == 7  # step 1, under the counter, is left out
-    summary = flops_summary(rank.data, steady, rank.table)
+    summary = flops_summary(rank.data, steady, rank.step_rows(1, 2))
     assert summary is not None and summary.counted and not summary.on_gpu
     assert summary.unit == ("GFLOP/s", 1e-9)
     assert summary.rate("Forward").achieved == pytest.approx(2e9 / 0.02)
@@ -350,7 +357,7 @@ def test_cpu_rates_per_phase_and_the_counted_step_left_out() -> None:
 
 def test_gpu_rates_use_gpu_phase_times_and_the_peak() -> None:
     rank = flops_rank(rows(gpu=True), section("cuda"))
-    summary = flops_summary(rank.data, steady_table(rank, warmup=0), rank.table)
+    summary = flops_summary(rank.data, steady_table(rank, warmup=0), rank.step_rows(1, 2))
     assert summary is not None and summary.on_gpu and summary.unit == ("TFLOP/s", 1e-12)
     assert summary.peak is not None and summary.peak.model == "H100 SXM"
     forward = summary.rate("Forward")
@@ -372,7 +379,8 @@ def test_job_wide_rate_over_ranks() -> None:
     for row in slow_rows:  # rank 1's steps take twice as long
         row[1] = row[0] + 2 * (row[1] - row[0])
     slow = flops_rank(slow_rows, section("cuda"), rank=1)
-    ranks, job = job_rates([(r.rank, r.data, steady_table(r, warmup=0)) for r in (fast, slow)])
+    ranks, job = job_rates([(r.rank, r.data, median_step(steady_table(r, warmup=0)))
+                           for r in (fast, slow)])
     assert [r.rank for r in ranks] == [0, 1]
     assert ranks[0].achieved == pytest.approx(6e10) and ranks[1].achieved == pytest.approx(3e10)
     assert job is not None and job.seconds == pytest.approx(0.2)

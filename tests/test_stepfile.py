@@ -252,3 +252,36 @@ def test_held_steps_are_no_objects_for_the_cyclic_collector(tmp_path: Path) -> N
     gc.collect()
     assert agent.tracker.held >= 5000
     assert len(gc.get_objects()) - before < 50
+
+
+def test_a_multi_rank_report_reads_each_step_file_about_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report over long ranks costs what reading their step files costs:
+    with FLOPs counted, the FLOP rates reuse the multi-rank summary's
+    median steps instead of reading every rank again."""
+    import perfrun.stepfile as stepfile
+
+    flops = {"counted": True, "step": 2, "reason": None, "forward": 2_000_000,
+             "backward": 4_000_000, "optimizer": 0, "calls": {"forward": 1}, "ops": {},
+             "dtype": "float32", "autocast": False, "tf32": None, "device": "cpu",
+             "device_name": None, "seconds": 0.01, "notes": []}
+    for rank in (0, 1):
+        write_v2(tmp_path, ROWS, rank=rank, world_size=2, flops=flops)
+    run = read_run(str(tmp_path))
+    reads: dict[str, int] = {}
+    real = stepfile.read
+
+    def counting(path: str, mapped: bool = False) -> Any:
+        if not mapped:  # a whole file read; mapped reads touch what they slice
+            reads[os.path.basename(path)] = reads.get(os.path.basename(path), 0) + 1
+        return real(path, mapped)
+
+    monkeypatch.setattr(stepfile, "read", counting)
+    report = build_report(run)
+    assert report.flops is not None and [r.rank for r in report.flops.ranks] == [0, 1]
+    assert report.flops.ranks[1].seconds == pytest.approx(8 * MS)
+    # Every rank is read by the multi-rank summary and the straggler check;
+    # rank 0 once more as the reference of the Perf and Model Summaries.
+    assert reads["rank1.steps"] <= 2, reads
+    assert reads["rank0.steps"] <= 3, reads

@@ -55,6 +55,8 @@ def counted_step(data: Mapping[str, Any]) -> Optional[int]:
 
 
 def _median(values: Any) -> Optional[float]:
+    """The median of the finite values, None when there are none or it is
+    not positive (no rate can be taken over it)."""
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
     if not arr.size:
@@ -203,18 +205,27 @@ def rank_peak(data: Mapping[str, Any], override_tflops: Optional[float]
                     tf32 if isinstance(tf32, bool) else None, override_tflops)
 
 
+def median_step(steady: Any) -> Optional[float]:
+    """The median step time of a table of counted steps (columns.py), the
+    time a rate is taken over; None without steps."""
+    t = columns.as_table(steady)
+    return _median(columns.step_times(t)) if t.shape[0] else None
+
+
 def flops_summary(
     data: Mapping[str, Any],
     steady: Any,
-    full: Any = None,
+    counted_row: Any = None,
     override_tflops: Optional[float] = None,
-    others: Sequence[tuple[int, Mapping[str, Any], Any]] = (),
+    others: Sequence[tuple[int, Mapping[str, Any], Optional[float]]] = (),
 ) -> Optional[FlopsSummary]:
     """The reference rank's `data` (its rank file) and `steady` table (its
-    counted steps, columns.py); `full`: all its steps, for the counted
-    step's cost. `others`: (rank, data, steady table) of every rank, the
-    reference included, for the per-rank and job-wide figures (empty for
-    one rank). None for files without the section."""
+    counted steps, columns.py); `counted_row`: the counted step's own row
+    (a table of one step), for what counting cost it. `others`: (rank,
+    data, median step seconds) of every rank, the reference included, for
+    the per-rank and job-wide figures (empty for one rank): the summary
+    has those medians in hand already, so no rank's steps are read twice.
+    None for files without the section."""
     section = _section(data)
     if section is None:
         return None
@@ -227,7 +238,7 @@ def flops_summary(
     on_gpu = section.get("device") == "cuda"
     peak, peak_reason = rank_peak(data, override_tflops)
     peak_flops = peak.flops if peak is not None else None
-    step_seconds = _median(columns.step_times(t)) if t.shape[0] else None
+    step_seconds = median_step(t)
     gpu_rows = t[columns.gpu_mask(t)] if t.shape[0] else t
     use_gpu = on_gpu and gpu_rows.shape[0] > 0
     phases = []
@@ -246,11 +257,10 @@ def flops_summary(
         phases.append(PhaseRate(name, flops, seconds, basis, rate,
                                 mfu(rate, peak_flops) if on_gpu else None))
     cost = None
-    if full is not None and step is not None and step_seconds is not None:
-        whole = columns.as_table(full)
-        if 0 <= step < whole.shape[0]:
-            counted_time = float(columns.step_times(whole[step:step + 1])[0])
-            cost = counted_time - step_seconds
+    if counted_row is not None and step is not None and step_seconds is not None:
+        row = columns.as_table(counted_row)
+        if row.shape[0] == 1:
+            cost = float(columns.step_times(row)[0]) - step_seconds
     notes = [str(n) for n in section.get("notes") or [] if isinstance(n, str)]
     ranks, job = job_rates(others, override_tflops)
     tf32 = section.get("tf32")
@@ -267,19 +277,19 @@ def flops_summary(
 
 
 def job_rates(
-    ranks: Sequence[tuple[int, Mapping[str, Any], Any]],
+    ranks: Sequence[tuple[int, Mapping[str, Any], Optional[float]]],
     override_tflops: Optional[float] = None,
 ) -> tuple[list[RankRate], Optional[RankRate]]:
-    """Each counted rank's whole-step rate and MFU, and the job's: all
-    ranks' FLOPs over the slowest rank's median step time, over the sum of
-    their peaks (no job MFU unless every rank has a peak)."""
+    """Each counted rank's whole-step rate and MFU, from (rank, data, its
+    median step seconds), and the job's: all ranks' FLOPs over the slowest
+    rank's median step time, over the sum of their peaks (no job MFU
+    unless every rank has a peak)."""
     out: list[RankRate] = []
-    for rank, data, steady in ranks:
+    for rank, data, median_step in ranks:
         section = _section(data)
         if section is None or not section.get("counted"):
             continue
-        t = columns.as_table(steady)
-        seconds = _median(columns.step_times(t)) if t.shape[0] else None
+        seconds = median_step if median_step is not None and median_step > 0 else None
         flops = _total(section)
         rate = achieved(flops, seconds)
         peak, _ = rank_peak(data, override_tflops)

@@ -495,6 +495,9 @@ class RankRow:
     phase_avg: dict[str, Optional[float]]
     others_avg: Optional[float]
     problem: Optional[str]
+    #: The median counted step (not in the JSON): what FLOP rates are
+    #: taken over, kept so that no rank's steps are read again for them.
+    step_median: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -568,11 +571,14 @@ def multi_rank_summary(
     """Compare ranks: in data-parallel training every step waits for the
     slowest rank, so one slow rank (a throttled GPU, a busy host, a skewed
     shard) sets the pace of all of them."""
+    from perfrun.analysis.flops import median_step
+
     live = set(alive)
     rows: list[RankRow] = []
     for rank in ranks:
         steady = steady_table(rank, warmup, exclude_window=exclude_window)
         env = rank.data.get("env") or {}
+
         phase_avg = {p: Stats.avg_of(columns.phase_times(steady, p)) for p in PHASES}
         rows.append(
             RankRow(
@@ -585,6 +591,7 @@ def multi_rank_summary(
                 phase_avg=phase_avg,
                 others_avg=Stats.avg_of(columns.others_times(steady)),
                 problem=rank_problem(rank, alive=rank.rank in live),
+                step_median=median_step(steady),
             )
         )
     for r in missing:
@@ -1169,16 +1176,19 @@ def _flops(ref: RankResult, ranks: Sequence[RankResult], counted: Any, warmup: i
            exclude_window: bool, settings: Mapping[str, Any], report: Report) -> Any:
     """Achieved FLOP/s and MFU (analysis/flops.py), and a note on the
     counted step; a damaged record costs the figures, never the report."""
-    from perfrun.analysis.flops import flops_summary
+    from perfrun.analysis.flops import counted_step, flops_summary
 
     try:
         peak = settings.get("peak_tflops")
         peak = float(peak) if isinstance(peak, (int, float)) and peak > 0 else None
-        others = []
-        if len(ranks) > 1:
-            others = [(r.rank, r.data, steady_table(r, warmup, exclude_window=exclude_window))
-                      for r in ranks if r.n_steps]
-        summary = flops_summary(ref.data, counted, ref.table, peak, others)
+        # Every rank's median step comes from the multi-rank summary, which
+        # has read each rank once already; the counted step is one row.
+        by_rank = {row.rank: row for row in report.ranks.rows} if report.ranks else {}
+        others = [(r.rank, r.data, by_rank[r.rank].step_median)
+                  for r in ranks if r.n_steps and r.rank in by_rank] if len(ranks) > 1 else []
+        step = counted_step(ref.data)
+        row = ref.step_rows(step, step + 1) if step is not None else None
+        summary = flops_summary(ref.data, counted, row, peak, others)
     except Exception:  # noqa: BLE001
         return None
     if summary is not None and summary.counted and summary.step is not None:
