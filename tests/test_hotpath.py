@@ -325,3 +325,17 @@ def test_dynamo_sees_torchs_own_module_call_and_compiled_models_are_roots() -> N
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def test_the_bytecodes_a_step_costs_are_counted_and_bounded() -> None:
+    """scripts/bench_hotpath.py counts what perfrun adds to a step of
+    workload (d): a count, not a time, so it can guard the hot path here.
+    Six hooked calls run under 600 bytecodes of perfrun's wrappers today."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_hotpath.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "20"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    wrappers = next(int(line.split()[-1]) for line in out.stdout.splitlines()
+                    if "in perfrun's wrappers" in line)
+    assert 0 < wrappers < 800, out.stdout
+    assert "hooks.py:__next__" in out.stdout and "edges buffered a step: 12.0" in out.stdout

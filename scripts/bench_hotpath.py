@@ -1,0 +1,200 @@
+"""Where does perfrun's per-step cost go? Counted, not timed.
+
+    python scripts/bench_hotpath.py [--steps N]
+
+Runs the loop of benchmark workload (d) (scripts/workloads/loader_mlp.py: a
+tiny MLP fed by a DataLoader, six hooked calls a step) in this process, once
+as plain torch and once with perfrun's hooks installed on a timer-only
+clock, and counts per step, with and without perfrun:
+
+* Python bytecodes executed (sys.settrace opcode events), by file and
+  function, so perfrun's share is split between its wrappers (run at each
+  hooked call, inside the step) and the replay of buffered edges through
+  the step state machine (run in batches, every 20 ms);
+* Python function calls (sys.setprofile), perfrun's by name;
+* memory blocks allocated (sys.getallocatedblocks before and after a step
+  whose buffer is not replayed: what the step leaves held).
+
+Counts do not depend on how busy the machine is, unlike the microseconds of
+scripts/bench_overhead.py, which on a shared machine scatter by tens of
+microseconds between runs: read the two together. Public tools only; needs
+torch and perfrun importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import threading
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from perfrun.runtime import hooks
+from perfrun.runtime.clock import BufferedClock, PhaseClock
+from perfrun.runtime.hooks import HookState
+from perfrun.runtime.modules import RootTracker
+from perfrun.runtime.steps import StepTracker
+
+PERFRUN_DIR = os.path.dirname(os.path.abspath(hooks.__file__))
+REPLAY = ("_replay", "event", "begin", "end", "_commit", "_open", "_reset_accumulators",
+          "fetched", "add_samples", "drain")
+
+
+def make_agent() -> SimpleNamespace:
+    """What hooks.install reads of perfrun's agent, with a timer-only clock."""
+    tracker = StepTracker("auto")
+    phase_clock = PhaseClock(tracker)
+    return SimpleNamespace(
+        hooks_state=HookState(), tracker=tracker, phase_clock=phase_clock,
+        clock=BufferedClock(phase_clock), record_fault=lambda where, exc: None,
+        roots=RootTracker(), count_samples=True, note_dataloader=lambda loader, grad=True: None,
+    )
+
+
+def make_loop(steps: int) -> Callable[[int], None]:
+    """Workload (d)'s loop over `steps` batches; the optimizer is built when
+    the loop is, so that with perfrun in place its step is hooked."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    batch, n_in, hidden, n_out = 32, 32, 64, 10
+    x = torch.randn(steps * batch, n_in)
+    y = torch.randint(0, n_out, (steps * batch,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False)
+    model = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    it = iter(loader)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            xb, yb = next(it)
+            optimizer.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+
+    return run
+
+
+def count_opcodes(run: Callable[[int], None], n: int) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[(code.co_filename, code.co_name)] += 1
+        return tracer
+
+    threading.settrace(tracer)
+    sys.settrace(tracer)
+    try:
+        run(n)
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+    return counts
+
+
+def count_calls(run: Callable[[int], None], n: int) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            counts[(code.co_filename, code.co_name)] += 1
+        elif event == "c_call":
+            counts[("<c>", getattr(arg, "__qualname__", getattr(arg, "__name__", "?")))] += 1
+
+    sys.setprofile(profiler)
+    try:
+        run(n)
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def held_blocks(run: Callable[[int], None], n: int) -> float:
+    before = sys.getallocatedblocks()
+    run(n)
+    return (sys.getallocatedblocks() - before) / n
+
+
+def ours(key: tuple[str, str]) -> bool:
+    return key[0].startswith(PERFRUN_DIR)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="steps counted (default 200)")
+    args = parser.parse_args(argv)
+    n = args.steps
+    warm = 20  # the root search ends within a few steps
+
+    plain = make_loop(warm + 3 * n + 10)
+    plain(warm)
+    plain_ops = count_opcodes(plain, n)
+    plain_calls = count_calls(plain, n)
+    plain_held = held_blocks(plain, n)
+
+    agent = make_agent()
+    undo = hooks.install(torch, agent)
+    try:
+        hooked = make_loop(warm + 3 * n + 10)
+        hooked(warm)
+        agent.clock.drain()
+        hooked_ops = count_opcodes(hooked, n)
+        agent.clock.drain()
+        hooked_calls = count_calls(hooked, n)
+        agent.clock.drain()
+        # Blocks a step leaves held until the next replay: its edges.
+        agent.clock.last = float("inf")
+        held = held_blocks(hooked, n) - plain_held
+        edges = len(agent.clock.buf) / n
+        agent.clock.interval = 0.02
+        agent.clock.drain()
+    finally:
+        hooks.uninstall(undo)
+
+    total_plain = sum(plain_ops.values()) / n
+    total_hooked = sum(hooked_ops.values()) / n
+    mine = {k: v / n for k, v in hooked_ops.items() if ours(k)}
+    replay = sum(v for k, v in mine.items() if k[1] in REPLAY)
+    wrappers = sum(v for k, v in mine.items() if k[1] not in REPLAY)
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {n} steps of workload (d)")
+    print()
+    print("Python bytecodes a step")
+    print(f"  plain loop                      {total_plain:8.0f}")
+    added = total_hooked - total_plain
+    print(f"  with perfrun (timer-only)       {total_hooked:8.0f}  (+{added:.0f})")
+    print(f"    in perfrun's wrappers         {wrappers:8.0f}")
+    print(f"    in the replay of edges        {replay:8.0f}")
+    print()
+    print("perfrun's functions, bytecodes a step (calls a step)")
+    for key, ops in sorted(mine.items(), key=lambda kv: -kv[1]):
+        calls = hooked_calls.get(key, 0) / n
+        where = "replay" if key[1] in REPLAY else "wrapper"
+        print(f"  {os.path.basename(key[0])}:{key[1]:24s} {ops:7.1f}  ({calls:.2f})  {where}")
+    extra_c = collections.Counter()
+    for key, v in hooked_calls.items():
+        if key[0] == "<c>":
+            extra_c[key[1]] = (v - plain_calls.get(key, 0)) / n
+    print()
+    print("C functions called more often with perfrun, a step")
+    for name, v in extra_c.most_common(8):
+        if v >= 0.5:
+            print(f"  {name:40s} +{v:.1f}")
+    print()
+    print(f"edges buffered a step: {edges:.1f}; memory blocks a step holds until the replay: "
+          f"{held:+.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
