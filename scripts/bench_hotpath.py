@@ -32,14 +32,15 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from perfrun.runtime import hooks
 from perfrun.runtime.clock import BufferedClock, PhaseClock
 from perfrun.runtime.hooks import HookState
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import StepTracker
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads"))
+import loader_mlp  # noqa: E402  (workload (d), from the folder above)
 
 PERFRUN_DIR = os.path.dirname(os.path.abspath(hooks.__file__))
 REPLAY = ("_replay", "event", "begin", "end", "_commit", "_open", "_reset_accumulators",
@@ -60,15 +61,7 @@ def make_agent() -> SimpleNamespace:
 def make_loop(steps: int) -> Callable[[int], None]:
     """Workload (d)'s loop over `steps` batches; the optimizer is built when
     the loop is, so that with perfrun in place its step is hooked."""
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    batch, n_in, hidden, n_out = 32, 32, 64, 10
-    x = torch.randn(steps * batch, n_in)
-    y = torch.randint(0, n_out, (steps * batch,))
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False)
-    model = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
-    loss_fn = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader, model, loss_fn, optimizer = loader_mlp.build(steps, shuffle=False)
     it = iter(loader)
 
     def run(n: int) -> None:

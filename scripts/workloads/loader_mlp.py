@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from time import perf_counter
+from typing import Any
 
 import torch
 from benchline import parse, report
@@ -22,19 +23,25 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def main(argv: list[str]) -> None:
-    steps, warmup = parse(argv, __doc__, 3000, 200)
-
+def build(total: int, shuffle: bool = True) -> tuple[DataLoader, nn.Module, nn.Module, Any]:
+    """The loader of `total` batches, the model, the loss and the optimizer
+    (scripts/bench_hotpath.py builds the same loop)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     batch, n_in, hidden, n_out = 32, 32, 64, 10
-    total = warmup + steps
     x = torch.randn(total * batch, n_in)
     y = torch.randint(0, n_out, (total * batch,))
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=shuffle)
     model = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return loader, model, loss_fn, optimizer
+
+
+def main(argv: list[str]) -> None:
+    steps, warmup = parse(argv, __doc__, 3000, 200)
+
+    loader, model, loss_fn, optimizer = build(warmup + steps)
 
     marks: list[float] = []
     for xb, yb in loader:
