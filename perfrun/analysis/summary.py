@@ -578,7 +578,6 @@ def multi_rank_summary(
     for rank in ranks:
         steady = steady_table(rank, warmup, exclude_window=exclude_window)
         env = rank.data.get("env") or {}
-
         phase_avg = {p: Stats.avg_of(columns.phase_times(steady, p)) for p in PHASES}
         rows.append(
             RankRow(
@@ -1158,7 +1157,7 @@ def build_report(
                 f"all {_steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
                 "or the detailed window: nothing left to summarise (lower --warmup)"
             )
-        report.flops = _flops(ref, ranks, counted, warmup, exclude_window, settings, report)
+        report.flops = _flops(ref, ranks, counted, settings, report)
         if report.model.overshoot_steps:
             report.notes.append(
                 f"{_steps_phrase(report.model.overshoot_steps)} recorded phases longer than "
@@ -1172,8 +1171,8 @@ def build_report(
     return report
 
 
-def _flops(ref: RankResult, ranks: Sequence[RankResult], counted: Any, warmup: int,
-           exclude_window: bool, settings: Mapping[str, Any], report: Report) -> Any:
+def _flops(ref: RankResult, ranks: Sequence[RankResult], counted: Any,
+           settings: Mapping[str, Any], report: Report) -> Any:
     """Achieved FLOP/s and MFU (analysis/flops.py), and a note on the
     counted step; a damaged record costs the figures, never the report."""
     from perfrun.analysis.flops import counted_step, flops_summary
