@@ -130,12 +130,19 @@ class RankResult:
     def step_rows(self, lo: int, hi: int) -> Any:
         """Steps lo to hi (not included) as an array, read from a step
         file without reading the rest of it."""
-        lo, hi = max(0, lo), min(hi, self.n_steps)
-        if self._table is None and self.steps_file is not None and self._rows is None:
-            import numpy as np
+        import numpy as np
 
-            return np.array(load_step_table(self.steps_file, mapped=True)[lo:max(lo, hi)])
-        return self.table[lo:max(lo, hi)]
+        lo, hi = max(0, lo), min(hi, self.n_steps)
+        return self.take(np.arange(lo, max(lo, hi)))
+
+    def take(self, index: Any) -> Any:
+        """The steps at `index` (step indices below n_steps) as an array of
+        their own; from a step file, mapped, so only those steps are read."""
+        import numpy as np
+
+        if self._table is None and self.steps_file is not None and self._rows is None:
+            return np.array(load_step_table(self.steps_file, mapped=True)[index])
+        return np.asarray(self.table)[index]
 
     @property
     def rows(self) -> list[list[Any]]:

@@ -285,3 +285,30 @@ def test_a_multi_rank_report_reads_each_step_file_about_once(
     # rank 0 once more as the reference of the Perf and Model Summaries.
     assert reads["rank1.steps"] <= 2, reads
     assert reads["rank0.steps"] <= 3, reads
+
+
+def test_the_straggler_check_holds_a_bounded_sample_of_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over long ranks the straggler check compares at most STRAGGLER_STEPS
+    steps, evenly spaced, read rank by rank: a report over many ranks does
+    not hold all their steps at once."""
+    import perfrun.analysis.summary as summary
+
+    for rank in (0, 1):
+        write_v2(tmp_path, ROWS * 4, rank=rank, world_size=2)
+    seen: list[int] = []
+    real = summary.decide_straggler
+
+    def counting(ranks: Any) -> Any:
+        seen.extend(len(r.index) for r in ranks)
+        return real(ranks)
+
+    monkeypatch.setattr(summary, "decide_straggler", counting)
+    monkeypatch.setattr(summary, "STRAGGLER_STEPS", 10)
+    build_report(read_run(str(tmp_path)))
+    assert seen == [10, 10]
+    monkeypatch.setattr(summary, "STRAGGLER_STEPS", 1000)
+    seen.clear()
+    report = build_report(read_run(str(tmp_path)))
+    assert seen == [report.perf.steps] * 2  # all the steady steps

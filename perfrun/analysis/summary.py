@@ -621,17 +621,38 @@ def multi_rank_summary(
             median=median,
             percent_slower=(worst.step_avg / median - 1.0) * 100.0,
         )
-    straggler = decide_straggler(
-        [_rank_steps(rank, warmup, exclude_window) for rank in ranks]
-    )
+    straggler = _straggler(ranks, warmup, exclude_window)
     return MultiRankSummary(rows=rows, across=across, slowest=slowest, straggler=straggler)
 
 
-def _rank_steps(rank: RankResult, warmup: int, exclude_window: bool) -> RankSteps:
-    """The rank's steady steps with their indices, so ranks are compared
-    step by step (steady_table drops the indices)."""
-    table = rank.table
-    n = int(table.shape[0])
+#: The most steps the straggler check compares, evenly spaced over the steady
+#: steps all ranks share: its verdict rests on medians per rank and per
+#: phase, which a sample of this size gives to well within the noise of a
+#: step, and it holds this many steps of every rank at once (a job of 64
+#: ranks x 1,000,000 steps would otherwise hold all 8.7 GB of its steps).
+STRAGGLER_STEPS = 20_000
+
+
+def _straggler(ranks: Sequence[RankResult], warmup: int, exclude_window: bool) -> Any:
+    """The straggler verdict (straggler.py) over the steady steps every rank
+    recorded, at most STRAGGLER_STEPS of them: the steps are chosen from the
+    ranks' step counts alone, then read rank by rank."""
+    kept = [(rank, _steady_index(rank, warmup, exclude_window)) for rank in ranks]
+    kept = [(rank, index) for rank, index in kept if len(index)]
+    if len(kept) < 2:
+        return None
+    common = kept[0][1]
+    for _, index in kept[1:]:
+        common = np.intersect1d(common, index, assume_unique=True)
+    if len(common) > STRAGGLER_STEPS:
+        common = common[np.linspace(0, len(common) - 1, STRAGGLER_STEPS).astype(np.int64)]
+    return decide_straggler([_rank_steps(rank, common) for rank, _ in kept])
+
+
+def _steady_index(rank: RankResult, warmup: int, exclude_window: bool) -> Any:
+    """The indices of the rank's steady steps (steady_table drops them, and
+    ranks are compared step by step), from its step count alone."""
+    n = rank.n_steps
     keep = np.arange(n) >= max(0, warmup)
     window = profiled_steps(rank) if exclude_window else None
     if window:
@@ -640,14 +661,19 @@ def _rank_steps(rank: RankResult, warmup: int, exclude_window: bool) -> RankStep
     skip = _flops_skip(rank, n, 0, (0, 0))
     if skip is not None:
         keep[skip] = False
+    return np.flatnonzero(keep)
+
+
+def _rank_steps(rank: RankResult, index: Any) -> RankSteps:
+    """The rank's steps at `index`, with their indices and clock origin."""
     env = rank.data.get("env") or {}
     origin = rank.data.get("started_unix")
     return RankSteps(
         rank=rank.rank,
         host=env.get("hostname"),
         origin=float(origin) if isinstance(origin, (int, float)) else 0.0,
-        index=np.flatnonzero(keep),
-        table=np.asarray(table)[keep],
+        index=index,
+        table=rank.take(index),
     )
 
 
