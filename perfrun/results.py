@@ -127,14 +127,6 @@ class RankResult:
         self._table = as_table(self._rows or [])
         return self._table
 
-    def step_rows(self, lo: int, hi: int) -> Any:
-        """Steps lo to hi (not included) as an array, read from a step
-        file without reading the rest of it."""
-        import numpy as np
-
-        lo, hi = max(0, lo), min(hi, self.n_steps)
-        return self.take(np.arange(lo, max(lo, hi)))
-
     def take(self, index: Any) -> Any:
         """The steps at `index` (step indices below n_steps) as an array of
         their own; from a step file, mapped, so only those steps are read."""

@@ -344,7 +344,7 @@ def test_cpu_rates_per_phase_and_the_counted_step_left_out() -> None:
     assert counted_step(rank.data) == 1
     steady = steady_table(rank, warmup=0)
     assert steady.shape[0] == 7  # step 1, under the counter, is left out
-    summary = flops_summary(rank.data, steady, rank.step_rows(1, 2))
+    summary = flops_summary(rank.data, steady, rank.take([1]))
     assert summary is not None and summary.counted and not summary.on_gpu
     assert summary.unit == ("GFLOP/s", 1e-9)
     assert summary.rate("Forward").achieved == pytest.approx(2e9 / 0.02)
@@ -357,7 +357,7 @@ def test_cpu_rates_per_phase_and_the_counted_step_left_out() -> None:
 
 def test_gpu_rates_use_gpu_phase_times_and_the_peak() -> None:
     rank = flops_rank(rows(gpu=True), section("cuda"))
-    summary = flops_summary(rank.data, steady_table(rank, warmup=0), rank.step_rows(1, 2))
+    summary = flops_summary(rank.data, steady_table(rank, warmup=0), rank.take([1]))
     assert summary is not None and summary.on_gpu and summary.unit == ("TFLOP/s", 1e-12)
     assert summary.peak is not None and summary.peak.model == "H100 SXM"
     forward = summary.rate("Forward")

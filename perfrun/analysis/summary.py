@@ -1212,7 +1212,7 @@ def _flops(ref: RankResult, ranks: Sequence[RankResult], counted: Any,
         others = [(r.rank, r.data, by_rank[r.rank].step_median)
                   for r in ranks if r.n_steps and r.rank in by_rank] if len(ranks) > 1 else []
         step = counted_step(ref.data)
-        row = ref.step_rows(step, step + 1) if step is not None else None
+        row = ref.take([step]) if step is not None and 0 <= step < ref.n_steps else None
         summary = flops_summary(ref.data, counted, row, peak, others)
     except Exception:  # noqa: BLE001
         return None
