@@ -28,13 +28,14 @@ import collections
 import os
 import sys
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
 
 from perfrun.runtime import hooks
-from perfrun.runtime.clock import BufferedClock, PhaseClock
+from perfrun.runtime.clock import REPLAY_INTERVAL, BufferedClock, PhaseClock
 from perfrun.runtime.hooks import HookState
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import StepTracker
@@ -42,9 +43,17 @@ from perfrun.runtime.steps import StepTracker
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads"))
 import loader_mlp  # noqa: E402  (workload (d), from the folder above)
 
+#: Untraced steps timed to set how many steps a replay holds.
+TIMED = 200
+_NEVER = float("inf")
+
 PERFRUN_DIR = os.path.dirname(os.path.abspath(hooks.__file__))
-REPLAY = ("_replay", "event", "begin", "end", "_commit", "_open", "_reset_accumulators",
-          "fetched", "add_samples", "drain")
+
+
+def is_wrapper(key: tuple) -> bool:
+    """perfrun's wrappers are its hooks (hooks.py), run at each hooked call;
+    the rest of its code in the step runs in the replay of buffered edges."""
+    return os.path.basename(key[0]) == "hooks.py"
 
 
 def make_agent() -> SimpleNamespace:
@@ -58,19 +67,25 @@ def make_agent() -> SimpleNamespace:
     )
 
 
-def make_loop(steps: int) -> Callable[[int], None]:
+def make_loop(steps: int, drain: Callable[[], None], every: list[int]) -> Callable[[int], None]:
     """Workload (d)'s loop over `steps` batches; the optimizer is built when
-    the loop is, so that with perfrun in place its step is hooked."""
+    the loop is, so that with perfrun in place its step is hooked. `drain`
+    is called every `every[0]` steps, in place of the replays that the
+    clock makes every 20 ms, which under a tracer would come every step or
+    two (see main); the plain loop calls a no-op, so both loops run the
+    same code of their own."""
     loader, model, loss_fn, optimizer = loader_mlp.build(steps, shuffle=False)
     it = iter(loader)
 
     def run(n: int) -> None:
-        for _ in range(n):
+        for i in range(n):
             xb, yb = next(it)
             optimizer.zero_grad()
             loss = loss_fn(model(xb), yb)
             loss.backward()
             optimizer.step()
+            if i % every[0] == every[0] - 1:
+                drain()
 
     return run
 
@@ -127,10 +142,21 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="steps counted (default 200)")
     args = parser.parse_args(argv)
-    n = args.steps
     warm = 20  # the root search ends within a few steps
 
-    plain = make_loop(warm + 3 * n + 10)
+    # The replay runs every REPLAY_INTERVAL of the script's time: as many
+    # steps as that holds untraced are replayed at once here too, and at
+    # least that many steps counted.
+    every = [1]
+    timed = make_loop(warm + TIMED, lambda: None, every)
+    timed(warm)
+    began = time.perf_counter()
+    timed(TIMED)
+    step = (time.perf_counter() - began) / TIMED
+    every[0] = batch = max(1, round(REPLAY_INTERVAL / step))
+    n = max(args.steps, batch)
+
+    plain = make_loop(warm + 3 * n + 10, lambda: None, every)
     plain(warm)
     plain_ops = count_opcodes(plain, n)
     plain_calls = count_calls(plain, n)
@@ -139,15 +165,17 @@ def main(argv: list[str]) -> int:
     agent = make_agent()
     undo = hooks.install(torch, agent)
     try:
-        hooked = make_loop(warm + 3 * n + 10)
+        hooked = make_loop(warm + 3 * n + 10, agent.clock.drain, every)
         hooked(warm)
+        agent.clock.interval = _NEVER
+        agent.clock.last = _NEVER
         agent.clock.drain()
         hooked_ops = count_opcodes(hooked, n)
         agent.clock.drain()
         hooked_calls = count_calls(hooked, n)
         agent.clock.drain()
         # Blocks a step leaves held until the next replay: its edges.
-        agent.clock.last = float("inf")
+        every[0] = n + 1
         held = held_blocks(hooked, n) - plain_held
         edges = len(agent.clock.buf) / n
         agent.clock.interval = 0.02
@@ -158,9 +186,10 @@ def main(argv: list[str]) -> int:
     total_plain = sum(plain_ops.values()) / n
     total_hooked = sum(hooked_ops.values()) / n
     mine = {k: v / n for k, v in hooked_ops.items() if ours(k)}
-    replay = sum(v for k, v in mine.items() if k[1] in REPLAY)
-    wrappers = sum(v for k, v in mine.items() if k[1] not in REPLAY)
+    replay = sum(v for k, v in mine.items() if not is_wrapper(k))
+    wrappers = sum(v for k, v in mine.items() if is_wrapper(k))
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {n} steps of workload (d)")
+    print(f"a step takes {step * 1e6:.0f} us untraced: edges replayed every {batch} steps")
     print()
     print("Python bytecodes a step")
     print(f"  plain loop                      {total_plain:8.0f}")
@@ -172,7 +201,7 @@ def main(argv: list[str]) -> int:
     print("perfrun's functions, bytecodes a step (calls a step)")
     for key, ops in sorted(mine.items(), key=lambda kv: -kv[1]):
         calls = hooked_calls.get(key, 0) / n
-        where = "replay" if key[1] in REPLAY else "wrapper"
+        where = "wrapper" if is_wrapper(key) else "replay"
         print(f"  {os.path.basename(key[0])}:{key[1]:24s} {ops:7.1f}  ({calls:.2f})  {where}")
     extra_c = collections.Counter()
     for key, v in hooked_calls.items():

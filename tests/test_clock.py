@@ -415,19 +415,19 @@ def test_events_as_the_hooks_record_them() -> None:
     direct.iterator_made(0.0, 1.0)
     t = 1.0
     for _ in range(3):
-        recorded.event((ENTER, DATA, t, True, None))
-        recorded.event((FETCHED, t + 2, 8))
-        recorded.event((ENTER, FWD, t + 2, True, 1))
-        recorded.event((EXIT, t + 5, False))
-        recorded.event((ENTER, OPT, t + 5, True, 7))
-        recorded.event((EXIT, t + 6, False))
+        recorded.event((ENTER, DATA, True, None, t))
+        recorded.event((FETCHED, 8, t + 2))
+        recorded.event((ENTER, FWD, True, 1, t + 2))
+        recorded.event((EXIT, False, t + 5))
+        recorded.event((ENTER, OPT, True, 7, t + 5))
+        recorded.event((EXIT, False, t + 6))
         for kind, start, end in ((DATA, t, t + 2), (FWD, t + 2, t + 5), (OPT, t + 5, t + 6)):
             direct.enter_at(kind, start, True, {FWD: 1, OPT: 7}.get(kind))
             direct.exit_at(end)
             if kind == DATA:
                 direct.fetched(8)
         t += 6
-    recorded.event((ENTER, DATA, t, True, None))
+    recorded.event((ENTER, DATA, True, None, t))
     recorded.event((STOP, t + 1))
     direct.enter_at(DATA, t, True, None)
     direct.fetch_stopped_at(t + 1)
@@ -453,7 +453,7 @@ def test_going_live_replays_what_was_buffered_first() -> None:
     buffered.set_live(True)
     assert inner.tracker.open and inner.depth() == 1
     # From now on each event reaches the state machine as it is recorded.
-    buffered.record((EXIT, 3.0, False))
+    buffered.record((EXIT, False, 3.0))
     direct.exit_at(3.0)
     assert inner.tracker.closed
     assert buffered.buf == []
@@ -481,8 +481,8 @@ def test_flush_thread_replays_only_a_stale_buffer() -> None:
     inner = PhaseClock(StepTracker("auto"), now=time)
     buffered = BufferedClock(inner, interval=0.5)
     for start in (0.0, 0.1):
-        buffered.record((ENTER, FWD, start, True, "model"))
-        buffered.record((EXIT, start + 0.05, False))
+        buffered.record((ENTER, FWD, True, "model", start))
+        buffered.record((EXIT, False, start + 0.05))
     time.t = 0.55
     buffered.drain_stale()  # due, but the script may still make its next edge
     assert len(buffered.buf) == 4 and not inner.tracker.open

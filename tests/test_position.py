@@ -3,7 +3,7 @@ and the edges still waiting in the BufferedClock, on hand-written events."""
 
 from __future__ import annotations
 
-from perfrun.runtime.clock import ENTER, EXIT, FETCHED, STOP
+from perfrun.runtime.events import ENTER, EXIT, FETCHED, STOP
 from perfrun.runtime.position import describe, locate, phase_name
 
 DL, FW, BW, OPT, ZG, CLOSURE = range(6)
@@ -20,11 +20,11 @@ def test_buffered_edges_move_the_position_on() -> None:
     # Step 4 is open in the state machine; the buffer holds the rest of it
     # and the start of step 5, whose forward never returned.
     pending = [
-        (EXIT, 10.2, False),  # forward of step 4 ends
-        (ENTER, BW, 10.3, True, None), (EXIT, 10.5, False),
-        (ENTER, OPT, 10.6, True, None), (EXIT, 10.7, False),
-        (ENTER, DL, 10.8, True, None), (FETCHED, 10.9, 1),  # step 5 starts
-        (ENTER, FW, 11.0, True, None),
+        (EXIT, False, 10.2),  # forward of step 4 ends
+        (ENTER, BW, True, None, 10.3), (EXIT, False, 10.5),
+        (ENTER, OPT, True, None, 10.6), (EXIT, False, 10.7),
+        (ENTER, DL, True, None, 10.8), (FETCHED, 1, 10.9),  # step 5 starts
+        (ENTER, FW, True, None, 11.0),
     ]
     where = locate([[FW, 10.0, 0.0, False]], pending, step=4, step_open=True, step_start=9.5,
                    lead_kind=DL)
@@ -33,7 +33,7 @@ def test_buffered_edges_move_the_position_on() -> None:
 
 
 def test_between_phases_is_others_and_before_any_step_is_outside() -> None:
-    where = locate([], [(ENTER, DL, 1.0, True, None), (STOP, 1.5)], step=0, step_open=False,
+    where = locate([], [(ENTER, DL, True, None, 1.0), (STOP, 1.5)], step=0, step_open=False,
                    step_start=None, lead_kind=-1)
     assert where["kinds"] == [] and where["since"] == 1.5
     assert describe(where["kinds"], where["open"]) == "others"

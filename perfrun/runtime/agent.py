@@ -188,8 +188,10 @@ class Agent:
                 from .gpu import NvtxRanges
 
                 self.nvtx = NvtxRanges(nvtx)
-                self._begin_listeners.append(self.nvtx.step_begin)
-                self._end_listeners.append(self.nvtx.step_end)
+                if self.nvtx.attached:
+                    # Without a tool the ranges are no-ops: no callback.
+                    self._begin_listeners.append(self.nvtx.step_begin)
+                    self._end_listeners.append(self.nvtx.step_end)
             except Exception as exc:
                 self.notes.append(f"NVTX ranges off: the nvtx package is unavailable ({exc})")
         if self.window is not None or self._nsys_here():
@@ -249,6 +251,11 @@ class Agent:
             return
         flops.step_end(index, t, committed)
         if flops.done:
+            # New lists, as in _detach_gpu_timer: these are being iterated.
+            self._begin_listeners = [f for f in self._begin_listeners
+                                     if f != self._flops_step_begin]
+            self._end_listeners = [f for f in self._end_listeners
+                                   if f != self._flops_step_end]
             self._update_listener()  # the clock may go back to buffering
 
     def _flops_record(self) -> Optional[dict[str, Any]]:
@@ -283,6 +290,12 @@ class Agent:
         a CPU run pays what the timer-only mode pays."""
         nvtx = self.nvtx if self.nvtx is not None and self.nvtx.attached else None
         edges = [x.edge for x in (nvtx, self.gpu_timer, self.window) if x is not None]
+        # Steps replayed in bulk call no step callback (steady.py): only
+        # while every callback would do nothing. Set before the drain that
+        # going live makes, which replays what was buffered before.
+        self.clock.bulk = not (self._begin_listeners or self._end_listeners
+                               or self._cuda_possible or self.module_ranges is not None
+                               or self._stop_at != float("inf"))
         self.clock.set_live(bool(edges) or self.window is not None or self._cuda_possible
                             or self.module_ranges is not None
                             or self._stop_at != float("inf") or self._flops_pending())

@@ -22,22 +22,14 @@ import threading
 from time import perf_counter
 from typing import Callable, Optional
 
+# The events (events.py, re-exported here): (ENTER, kind, grad, ident, t),
+# (EXIT, failed, t), (FETCHED, samples, t), (STOP, t), (ITER, t0, t), (OPTIM,).
+from .events import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
+from .steady import SteadyReplay
 from .steps import StepTracker
 
 # Called at each phase edge, nested ones included: (kind, is_enter, is_eval).
 EdgeListener = Callable[[int, bool, bool], None]
-
-# The events, by their first item:
-#   (ENTER, kind, t, grad, ident)  a phase starts (ident: the module called,
-#                                  the optimizer stepped)
-#   (EXIT, t, failed)              the innermost phase ends (failed: it raised)
-#   (FETCHED, t, samples)          the innermost phase, a fetch, ends with a
-#                                  batch of `samples` samples (0: not counted)
-#   (STOP, t)                      the innermost phase, a fetch, raised
-#                                  StopIteration: no batch
-#   (ITER, t0, t1)                 `iter(DataLoader)` ran from t0 to t1
-#   (OPTIM,)                       an optimizer was built
-ENTER, EXIT, FETCHED, STOP, ITER, OPTIM = range(6)
 
 _NEVER = float("inf")
 
@@ -70,7 +62,7 @@ class PhaseClock:
         code = ev[0]
         stack = self.stack
         if code == ENTER:
-            _, kind, t, grad, ident = ev
+            _, kind, grad, ident, t = ev
             listener = self.listener
             if stack:
                 top = stack[-1]
@@ -97,7 +89,7 @@ class PhaseClock:
             if stack and stack[-1] is entry:
                 return  # a folded same-kind call
             kind, t0, child, is_eval = entry
-            _, t, failed = ev
+            _, failed, t = ev
             duration = t - t0
             if stack:
                 stack[-1][2] += duration
@@ -109,9 +101,9 @@ class PhaseClock:
             else:
                 self.tracker.end(kind, t, duration - child, is_eval)
         elif code == FETCHED:
-            self.event((EXIT, ev[1], False))
-            if ev[2]:
-                self.fetched(ev[2])
+            self.event((EXIT, False, ev[2]))
+            if ev[1]:
+                self.fetched(ev[1])
         elif code == STOP:
             self.fetch_stopped_at(ev[1])
         elif code == ITER:
@@ -120,18 +112,18 @@ class PhaseClock:
             self.optimizer_built()
 
     def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
-        self.event((ENTER, kind, self.now(), grad, ident))
+        self.event((ENTER, kind, grad, ident, self.now()))
 
     def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
-        self.event((ENTER, kind, t, grad, ident))
+        self.event((ENTER, kind, grad, ident, t))
 
     def exit(self, failed: bool = False) -> None:
         """The innermost phase ends; `failed` when the call raised (its time
         still counts, but it completes nothing: see StepTracker.end)."""
-        self.event((EXIT, self.now(), failed))
+        self.event((EXIT, failed, self.now()))
 
     def exit_at(self, t: float, failed: bool = False) -> None:
-        self.event((EXIT, t, failed))
+        self.event((EXIT, failed, t))
 
     def abort(self) -> tuple[float, bool]:
         """Drop the innermost phase without counting it (a fetch that raised
@@ -204,7 +196,7 @@ class BufferedClock:
     """
 
     __slots__ = ("clock", "tracker", "now", "buf", "record", "limit", "interval", "last",
-                 "on_fault", "live", "lock")
+                 "on_fault", "live", "lock", "bulk", "steady")
 
     def __init__(self, clock: PhaseClock, limit: int = 4096, interval: float = REPLAY_INTERVAL,
                  on_fault: Optional[Callable[[str, BaseException], None]] = None) -> None:
@@ -227,6 +219,11 @@ class BufferedClock:
         # time. Taken once per replay, never per edge; reentrant, since a
         # step callback may make the clock live in the middle of a replay.
         self.lock = threading.RLock()
+        # Steps that repeat the loop's pattern are replayed in bulk
+        # (steady.py), calling no step callback: only while none would do
+        # anything (the agent says when).
+        self.bulk = self.tracker.on_begin is None and self.tracker.on_end is None
+        self.steady = SteadyReplay(clock, on_fault)
 
     def set_live(self, live: bool) -> None:
         """Live: every event goes straight to the state machine from now on
@@ -241,6 +238,7 @@ class BufferedClock:
         self.live = live
         if live:
             self.drain()
+            self.steady.lead = None  # edges now bypass the replay
             self.record = self.clock.event
             self.last = _NEVER
         else:
@@ -255,20 +253,20 @@ class BufferedClock:
     def event(self, ev: tuple) -> None:
         """One event, as the hooks record it (with the checks they make)."""
         self.record(ev)
-        if ev[0] == ENTER and (ev[2] > self.last or len(self.buf) >= self.limit):
+        if ev[0] == ENTER and (ev[-1] > self.last or len(self.buf) >= self.limit):
             self.drain()
 
     def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
-        self.event((ENTER, kind, self.now(), grad, ident))
+        self.event((ENTER, kind, grad, ident, self.now()))
 
     def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
-        self.event((ENTER, kind, t, grad, ident))
+        self.event((ENTER, kind, grad, ident, t))
 
     def exit(self, failed: bool = False) -> None:
-        self.record((EXIT, self.now(), failed))
+        self.record((EXIT, failed, self.now()))
 
     def exit_at(self, t: float, failed: bool = False) -> None:
-        self.record((EXIT, t, failed))
+        self.record((EXIT, failed, t))
 
     def fetch_stopped(self) -> None:
         self.record((STOP, self.now()))
@@ -278,6 +276,7 @@ class BufferedClock:
         FETCHED event instead)."""
         if samples:
             self.drain()
+            self.steady.lead = None
             self.clock.fetched(samples)
 
     def iterator_made(self, t0: float, t1: float) -> None:
@@ -309,6 +308,9 @@ class BufferedClock:
         del buf[: len(events)]
         if not self.live:
             self.last = self.now() + self.interval
+        if self.bulk:
+            self.steady.replay(events)
+            return
         event = self.clock.event
         for ev in events:
             try:

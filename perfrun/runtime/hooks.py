@@ -49,7 +49,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from .clock import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
+from .events import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
 from .steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO
 
 _MARK = "__perfrun_wrapped__"
@@ -178,7 +178,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 t = now()
                 if t > state.due:
                     finder.watch(t)
-                clock.record((ENTER, FWD, t, is_grad_enabled(), key))
+                clock.record((ENTER, FWD, is_grad_enabled(), key, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:
@@ -192,13 +192,13 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except BaseException:
                 state.block -= 1
                 try:
-                    clock.record((EXIT, now(), True))
+                    clock.record((EXIT, True, now()))
                 except Exception as exc:
                     fault("forward", exc)
                 raise
             state.block -= 1
             try:
-                clock.record((EXIT, now(), False))
+                clock.record((EXIT, False, now()))
             except Exception as exc:
                 fault("forward", exc)
             return result
@@ -217,7 +217,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             state.backward += 1
             try:
                 t = now()
-                clock.record((ENTER, BWD, t, True, None))
+                clock.record((ENTER, BWD, True, None, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:
@@ -232,14 +232,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 state.block -= 1
                 state.backward -= 1
                 try:
-                    clock.record((EXIT, now(), True))
+                    clock.record((EXIT, True, now()))
                 except Exception as exc:
                     fault("backward", exc)
                 raise
             state.block -= 1
             state.backward -= 1
             try:
-                clock.record((EXIT, now(), False))
+                clock.record((EXIT, False, now()))
             except Exception as exc:
                 fault("backward", exc)
             return result
@@ -258,7 +258,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     return orig(*args, **kwargs)
                 try:
                     t = now()
-                    clock.record((ENTER, kind, t, True, id(args[0]) if args else None))
+                    clock.record((ENTER, kind, True, id(args[0]) if args else None, t))
                     if t > clock.last:
                         clock.drain()
                 except Exception as exc:
@@ -267,12 +267,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     result = orig(*args, **kwargs) if kwargs else orig(*args)
                 except BaseException:
                     try:
-                        clock.record((EXIT, now(), True))
+                        clock.record((EXIT, True, now()))
                     except Exception as exc:
                         fault(where, exc)
                     raise
                 try:
-                    clock.record((EXIT, now(), False))
+                    clock.record((EXIT, False, now()))
                 except Exception as exc:
                     fault(where, exc)
                 return result
@@ -291,7 +291,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 return closure(*args, **kwargs)
             try:
                 t = now()
-                clock.record((ENTER, CLOSURE, t, True, None))
+                clock.record((ENTER, CLOSURE, True, None, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:
@@ -300,12 +300,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 result = closure(*args, **kwargs) if kwargs else closure(*args)
             except BaseException:
                 try:
-                    clock.record((EXIT, now(), True))
+                    clock.record((EXIT, True, now()))
                 except Exception as exc:
                     fault("optimizer.closure", exc)
                 raise
             try:
-                clock.record((EXIT, now(), False))
+                clock.record((EXIT, False, now()))
             except Exception as exc:
                 fault("optimizer.closure", exc)
             return result
@@ -319,7 +319,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             live = None
             try:
                 t = now()
-                clock.record((ENTER, OPT, t, True, id(args[0]) if args else None))
+                clock.record((ENTER, OPT, True, id(args[0]) if args else None, t))
                 if t > clock.last:
                     clock.drain()
                 if len(args) > 1 or kwargs:
@@ -343,14 +343,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 if live is not None:
                     live[0] = False
                 try:
-                    clock.record((EXIT, now(), True))
+                    clock.record((EXIT, True, now()))
                 except Exception as exc:
                     fault("optimizer.step", exc)
                 raise
             if live is not None:
                 live[0] = False
             try:
-                clock.record((EXIT, now(), False))
+                clock.record((EXIT, False, now()))
             except Exception as exc:
                 fault("optimizer.step", exc)
             return result
@@ -400,7 +400,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             state.block += 1
             try:
                 t = now()
-                clock.record((ENTER, DATA, t, is_grad_enabled(), None))
+                clock.record((ENTER, DATA, is_grad_enabled(), None, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:
@@ -417,7 +417,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             except BaseException:
                 state.block -= 1
                 try:
-                    clock.record((EXIT, now(), True))
+                    clock.record((EXIT, True, now()))
                 except Exception as exc:
                     fault("dataloader", exc)
                 raise
@@ -439,7 +439,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     n = 0
                     fault("dataloader.samples", exc)
             try:
-                clock.record((FETCHED, t, n))
+                clock.record((FETCHED, n, t))
             except Exception as exc:
                 fault("dataloader", exc)
             return batch

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .clock import ENTER, EXIT, FETCHED, STOP
+from .events import ENTER, EXIT, FETCHED, STOP
 from .steps import KIND_NAMES
 
 # The report's phase for each kind (steps._COLUMN): zero_grad is counted in
@@ -61,7 +61,7 @@ def locate(
     for ev in pending:
         code = ev[0]
         if code == ENTER:
-            kind, t = int(ev[1]), float(ev[2])
+            kind, t = int(ev[1]), float(ev[-1])
             if not kinds and (kind == lead_kind or lead_kind < 0):
                 if step_open:
                     step += 1
@@ -76,7 +76,7 @@ def locate(
             if kinds:
                 kinds.pop()
                 times.pop()
-            since = float(ev[1])
+            since = float(ev[-1])
     return {
         "step": step,
         "open": step_open,

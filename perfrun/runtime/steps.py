@@ -142,6 +142,8 @@ class StepTracker:
         self.optimizer_seen = False  # set by the hooks when an optimizer is built
         self.training_seen = False  # a backward or optimizer step ran
         self.train_data_seen = False  # a DataLoader fetch happened inside a step
+        # Steps opened so far (steady.py tells a step boundary by it).
+        self.opened = 0
         # The open step.
         self.open = False
         self.closed = False
@@ -230,6 +232,20 @@ class StepTracker:
         if n > 0:
             del self.buf[: n * WIDTH]
             self.base += n
+
+    def shape(self) -> tuple:
+        """The state that decides what the next events do, less the times
+        and the held rows: after two step boundaries with the same shape,
+        the same events do the same things (steady.py). What only an
+        evaluation span or an excluded interval reads is left out where the
+        span or the interval would itself change a field here."""
+        return (
+            self.open, self.closed, self.first_kind, self.first_ident, self.step_on,
+            self.optimizer_seen, self.training_seen, self.train_data_seen,
+            self.fetch_open, self.eval_open, self.eval_held, self.eval_sure, self.in_pass,
+            self.excl, self.samples, self.fixed_samples, tuple(self.acc), tuple(self.calls),
+            len(self.fetches),
+        )
 
     def is_eval(self, kind: int, grad: bool) -> bool:
         return (
@@ -503,6 +519,7 @@ class StepTracker:
         self.eval_tail = 0.0
 
     def _open(self, t: float, kind: int, ident: object) -> None:
+        self.opened += 1
         self.open = True
         self.closed = False
         self.start = t

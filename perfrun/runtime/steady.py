@@ -1,0 +1,267 @@
+"""Replaying a steady loop in bulk.
+
+A training loop repeats itself: step after step the hooks record the same
+events (the same phases of the same objects, in the same order, events.py)
+and the state machine (steps.py) passes through the same states; only the
+times differ. Replaying each event through the state machine costs about
+a microsecond, a dozen events a step: most of what perfrun adds to a step
+in the buffered modes (scripts/bench_hotpath.py).
+
+So the replay learns the loop. A step qualifies when it ran through the
+state machine from one leading event to the next with every phase at the
+top level (each enter followed by its own exit: no nesting, no call that
+raised, no evaluation) and the machine's shape (StepTracker.shape, and one
+phase open) after the second leading event equals its shape after the
+first. Its events' signatures are then the loop's *pattern*, and the row it
+committed is a known function of their times: each phase column the sum,
+in event order, of its phases' exit minus enter times; the rest constant.
+The formula is checked on that very step: the row it gives must be the
+bytes the state machine wrote, or nothing is learned.
+
+The following steps whose events repeat the pattern exactly are committed
+in bulk, list slicing and `map` doing the arithmetic in C: the same
+floating-point operations in the same order as the state machine's, so
+the rows are the same bytes (tests/test_steady.py replays recorded and
+generated event streams both ways). Anything else (another event, an
+evaluation pass, the end of an epoch, a batch that ends mid-step) goes
+through the state machine event by event, as before.
+
+Used only while nothing listens to step boundaries or phase edges
+(BufferedClock.bulk): a step committed in bulk calls no callback.
+"""
+
+from __future__ import annotations
+
+from array import array
+from itertools import chain, repeat
+from operator import add, sub
+from typing import Any, Callable, Optional
+
+from .events import ENTER, EXIT, FETCHED, signature, time_of
+from .steps import _COLUMN, DATA, FWD, MISSING, WIDTH
+
+#: After a step that does not qualify, how many steps pass before the
+#: next one is examined; doubled at each miss up to MAX_SKIP, so a loop
+#: that never qualifies (nested phases: LBFGS, Lightning's closures) pays
+#: almost nothing for the attempt.
+MAX_SKIP = 256
+
+
+class Pattern:
+    """One step of a steady loop: `events`, the signatures of the events
+    after its leading event up to and including the next step's (`lead`),
+    and the row's formula."""
+
+    __slots__ = ("lead", "shape", "events", "k", "terms", "consts")
+
+    def __init__(self, lead: tuple, shape: tuple, events: list, row: Any) -> None:
+        self.lead = lead
+        self.shape = shape
+        self.events = events
+        self.k = k = len(events)
+        # Phase columns: (enter, exit) positions in a step's times, where
+        # times[0] is the leading event's and times[j] that of events[j-1].
+        terms: list[list[tuple[int, int]]] = [[], [], [], []]
+        terms[_COLUMN[lead[1]]].append((0, 1))
+        for j in range(1, k - 1, 2):
+            terms[_COLUMN[events[j][1]]].append((j + 1, j + 2))
+        self.terms = terms
+        # Excluded time, calls per column, samples: the row's constants.
+        self.consts = tuple(row[6:12])
+
+    def count(self, sigs: list, i: int) -> int:
+        """How many whole steps at `sigs[i:]` repeat the pattern."""
+        k, events = self.k, self.events
+        m = (len(sigs) - i) // k
+        if m == 0 or sigs[i:i + m * k] == events * m:
+            return m
+        s = 0
+        while sigs[i:i + k] == events:
+            s += 1
+            i += k
+        return s
+
+    def rows(self, times: list, m: int, origin: float) -> bytes:
+        """The rows of `m` steps, packed: `times` holds the leading event's
+        time and then those of the m steps' events."""
+        k = self.k
+        mk = m * k
+        cols: list[Any] = []
+        for terms in self.terms:
+            if not terms:
+                cols.append(repeat(0.0, m))
+                continue
+            a, b = terms[0]
+            acc = list(map(sub, times[b:mk:k], times[a:mk:k]))
+            for a, b in terms[1:]:
+                acc = list(map(add, acc, map(sub, times[b:mk:k], times[a:mk:k])))
+            cols.append(acc)
+        rows = zip(
+            map(sub, times[0:mk:k], repeat(origin, m)),
+            map(sub, times[k:mk + 1:k], repeat(origin, m)),
+            *cols,
+            *(repeat(c, m) for c in self.consts),
+            *(repeat(MISSING, m) for _ in range(WIDTH - 12)),
+        )
+        return array("d", chain.from_iterable(rows)).tobytes()
+
+
+class SteadyReplay:
+    """Replays batches of events through `clock` (a PhaseClock), steps that
+    repeat the learned pattern in bulk."""
+
+    __slots__ = ("clock", "tracker", "on_fault", "pattern", "lead", "lead_t", "shape",
+                 "skip", "misses")
+
+    def __init__(self, clock: Any,
+                 on_fault: Optional[Callable[[str, BaseException], None]] = None) -> None:
+        self.clock = clock
+        self.tracker = clock.tracker
+        self.on_fault = on_fault
+        self.pattern: Optional[Pattern] = None
+        # The signature of the leading event the machine is just past, its
+        # time and the machine's shape then; None when mid-step.
+        self.lead: Optional[tuple] = None
+        self.lead_t = 0.0
+        self.shape: Optional[tuple] = None
+        self.skip = 0
+        self.misses = 0
+
+    def replay(self, events: list) -> None:
+        sigs = list(map(signature, events))
+        n = len(events)
+        i = 0
+        while i < n:
+            pattern = self.pattern
+            if pattern is not None and self.lead == pattern.lead:
+                m = pattern.count(sigs, i)
+                if m and self._ready(pattern):
+                    try:
+                        self._apply(pattern, events, i, m)
+                        i += m * pattern.k
+                        continue
+                    except Exception as exc:
+                        self.pattern = None
+                        self._fault(exc)
+            i = self._step(events, sigs, i)
+
+    # -- internals ------------------------------------------------------------
+
+    def _fault(self, exc: BaseException) -> None:
+        if self.on_fault is not None:
+            self.on_fault("replay", exc)
+
+    def _shape(self) -> Optional[tuple]:
+        """The machine's shape just after a leading event, or None when the
+        phase it opened is not the one open phase, started at the step's
+        start (perfrun's own work moved it: see StepTracker.own_work)."""
+        clock, tracker = self.clock, self.tracker
+        stack = clock.stack
+        if len(stack) != 1 or clock.listener is not None:
+            return None
+        kind, t0, child, is_eval = stack[0]
+        if t0 != tracker.start or child != 0.0 or is_eval:
+            return None
+        return (kind, tracker.shape())
+
+    def _ready(self, pattern: Pattern) -> bool:
+        return self._shape() == pattern.shape
+
+    def _step(self, events: list, sigs: list, i: int) -> int:
+        """Replay events one by one from `i` through the first that opens a
+        step; returns the index after it (or the batch's end)."""
+        tracker = self.tracker
+        event = self.clock.event
+        n = len(events)
+        start = i
+        opened = tracker.opened
+        while i < n:
+            try:
+                event(events[i])
+            except Exception as exc:
+                self._fault(exc)
+            i += 1
+            if tracker.opened != opened:
+                break
+        else:
+            self.lead = None
+            return i
+        lead, lead_t, shape = self.lead, self.lead_t, self.shape
+        try:
+            self.lead = sigs[i - 1]
+            self.lead_t = tracker.start
+            self.shape = self._shape()
+            if lead is not None and shape is not None and self.shape == shape and lead == self.lead:
+                if self.skip:
+                    self.skip -= 1
+                else:
+                    self._learn(lead, lead_t, shape, events, sigs, start, i)
+        except Exception as exc:
+            self.lead = self.pattern = None
+            self._fault(exc)
+        return i
+
+    def _learn(self, lead: tuple, lead_t: float, shape: tuple, events: list, sigs: list,
+               start: int, end: int) -> None:
+        """The step from `lead` (at `lead_t`) through `events[start:end]`
+        (ending with the next step's lead) has just been committed: learn it
+        as the pattern if it qualifies (see the module's docstring)."""
+        pattern = self._qualify(lead, lead_t, shape, events, sigs, start, end)
+        if pattern is None:
+            self.misses += 1
+            self.skip = min(MAX_SKIP, 1 << min(self.misses, 8))
+        else:
+            self.pattern = pattern
+            self.misses = 0
+
+    def _qualify(self, lead: tuple, lead_t: float, shape: tuple, events: list, sigs: list,
+                 start: int, end: int) -> Optional[Pattern]:
+        tracker = self.tracker
+        k = end - start
+        if k < 2 or k % 2 or not self._top_level(lead, sigs[start:end]):
+            return None
+        steps = sigs[start:end]
+        if -1 in (_COLUMN[lead[1]], *(_COLUMN[s[1]] for s in steps[1:-1:2])):
+            return None  # a closure's own time is Others: no column
+        buf = tracker.buf
+        if len(buf) < WIDTH:
+            return None  # the writer took the row already
+        row = buf[-WIDTH:]
+        pattern = Pattern(lead, shape, steps, row)
+        times = [lead_t, *map(time_of, events[start:end])]
+        if pattern.rows(times, 1, tracker.origin) != row.tobytes():
+            return None
+        return pattern
+
+    def _top_level(self, lead: tuple, sigs: list) -> bool:
+        """Every phase of the step at the top level, none raised, none
+        evaluation: an exit, then (enter, exit) pairs, then the lead."""
+        tracker = self.tracker
+        training = tracker.optimizer_seen or tracker.training_seen
+        if lead[0] != ENTER or (training and not lead[2] and lead[1] in (FWD, DATA)):
+            return False
+        for j, sig in enumerate(sigs):
+            code = sig[0]
+            if j % 2 == 0:
+                if not (code == FETCHED or (code == EXIT and not sig[1])):
+                    return False
+            elif code != ENTER or (training and not sig[2] and sig[1] in (FWD, DATA)):
+                return False
+        return True
+
+    def _apply(self, pattern: Pattern, events: list, i: int, m: int) -> None:
+        """Commit the `m` steps at `events[i:]` in bulk and leave the machine
+        just past the last one's following lead, as replaying them would."""
+        tracker = self.tracker
+        mk = m * pattern.k
+        times = [tracker.start]
+        times += map(time_of, events[i:i + mk])
+        tracker.buf.frombytes(pattern.rows(times, m, tracker.origin))
+        t = times[-1]
+        kind = pattern.lead[1]
+        tracker.start = t
+        if kind == DATA:
+            tracker.fetch_start = t
+        tracker.opened += m
+        self.clock.stack[0] = [kind, t, 0.0, False]
+        self.lead_t = t
