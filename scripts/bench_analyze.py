@@ -6,8 +6,8 @@ how much memory does it use?
 The trace is made from a real one (by default tests/data/traces/
 sync_copies.json.gz, 26 MB of a GPU training run of 5 steps): it is
 repeated, shifted in time and with its ids renumbered, the last copy cut
-short in time, until the JSON is about --size-mb megabytes. It is written uncompressed, as torch.profiler writes
-it, to a temporary folder.
+short in time, until the JSON is about --size-mb megabytes. It is written
+uncompressed, as torch.profiler writes it, to a temporary folder.
 
 Each run is a fresh interpreter that imports perfrun, then reads and
 summarises the trace (perfrun.analysis.tracefile.load_trace and
@@ -150,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"read + summarise: median {med['total']:.2f} s (read {med['load']:.2f} s, summarise "
-        f"{med['summarize']:.2f} s), slowest {result['max_total_seconds']:.2f} s over {args.runs} runs"
+        f"{med['summarize']:.2f} s), slowest {result['max_total_seconds']:.2f} s "
+        f"over {args.runs} runs"
     )
-    print(f"`perfrun analyze --format json`, start-up included: median {result['median_command_seconds']:.2f} s")
+    print("`perfrun analyze --format json`, start-up included: median "
+          f"{result['median_command_seconds']:.2f} s")
     print(f"peak memory above the interpreter's: {mem / 1e6:.0f} MB = {mem / size:.2f}x the file")
     ok = med["total"] < 2.0 and mem < 3 * size
     print("targets (under 2 s, under 3x the file):", "met" if ok else "NOT met")

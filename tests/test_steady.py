@@ -296,7 +296,7 @@ def real_loops() -> dict[str, Callable[[], None]]:
 
     def plain() -> None:
         loader, model, loss_fn, optimizer = loader_mlp.build(300, shuffle=False)
-        for epoch in range(2):
+        for _epoch in range(2):
             for xb, yb in loader:
                 optimizer.zero_grad()
                 loss_fn(model(xb), yb).backward()

@@ -187,12 +187,14 @@ class BufferedClock:
     happens (no NVTX tool, CUDA events, profiler window or --stop-after);
     results lag the script by at most `interval`.
 
-    The replay still costs what the state machine costs, about 1 us an
-    event, a dozen events a step; in one burst every `interval`, so it moves
-    the mean step time, not the median. The interval bounds the burst, the
-    one step that pays it: 20 ms of a loop's events replay in about 1 ms on
-    a sub-millisecond step (a 0.5 s interval stalled such a step for 50 to
-    90 ms, measured over a 1,000,000-step run).
+    Through the state machine an event costs about 1 us, a dozen events a
+    step; so while nothing listens to step boundaries (`bulk`) the steps
+    that repeat the loop's learned pattern are committed in bulk instead
+    (steady.py), and only the others go event by event. The replay runs in
+    one burst every `interval`, so it moves the mean step time, not the
+    median; the interval bounds the burst, the one step that pays it (a
+    0.5 s interval once stalled a sub-millisecond step for 50 to 90 ms,
+    measured over a 1,000,000-step run).
     """
 
     __slots__ = ("clock", "tracker", "now", "buf", "record", "limit", "interval", "last",
