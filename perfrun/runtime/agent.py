@@ -293,12 +293,11 @@ class Agent:
         # Steps replayed in bulk call no step callback (steady.py): only
         # while every callback would do nothing. Set before the drain that
         # going live makes, which replays what was buffered before.
-        self.clock.bulk = not (self._begin_listeners or self._end_listeners
-                               or self._cuda_possible or self.module_ranges is not None
-                               or self._stop_at != float("inf"))
-        self.clock.set_live(bool(edges) or self.window is not None or self._cuda_possible
-                            or self.module_ranges is not None
-                            or self._stop_at != float("inf") or self._flops_pending())
+        boundaries = (self._cuda_possible or self.module_ranges is not None
+                      or self._stop_at != float("inf"))
+        self.clock.bulk = not (self._begin_listeners or self._end_listeners or boundaries)
+        self.clock.set_live(bool(edges) or self.window is not None or boundaries
+                            or self._flops_pending())
         if not edges:
             self.phase_clock.listener = None
         elif len(edges) == 1:

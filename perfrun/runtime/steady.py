@@ -135,7 +135,7 @@ class SteadyReplay:
             pattern = self.pattern
             if pattern is not None and self.lead == pattern.lead:
                 m = pattern.count(sigs, i)
-                if m and self._ready(pattern):
+                if m and self._shape() == pattern.shape:
                     try:
                         self._apply(pattern, events, i, m)
                         i += m * pattern.k
@@ -163,9 +163,6 @@ class SteadyReplay:
         if t0 != tracker.start or child != 0.0 or is_eval:
             return None
         return (kind, tracker.shape())
-
-    def _ready(self, pattern: Pattern) -> bool:
-        return self._shape() == pattern.shape
 
     def _step(self, events: list, sigs: list, i: int) -> int:
         """Replay events one by one from `i` through the first that opens a
