@@ -23,7 +23,7 @@ from perfrun.results import (
 )
 from perfrun.runtime.agent import Agent
 from perfrun.settings import Settings
-from perfrun.stepfile import StepWriter, header, read, steps_path
+from perfrun.stepfile import BLOCK, StepWriter, header, read, steps_path
 from tests.builders import MS, make_rank, make_rows, train_agent
 
 WIDTH = len(STEP_COLUMNS)
@@ -215,6 +215,39 @@ def test_each_save_appends_only_what_is_new_and_the_rank_keeps_none_of_it(
     starts = rank.column("start")
     assert starts == sorted(starts) and 0.0 <= starts[0] < 60.0  # since the rank began
     assert all(math.isnan(v) for v in read(str(steps))[1][:, COL["gpu_step"]])
+
+
+@pytest.mark.usefixtures("no_rank_env")
+def test_a_save_copies_and_writes_a_block_at_a_time_and_a_failed_write_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """A save copies the new rows a block (512 rows) at a time, so the
+    flush thread never holds the GIL for a copy of megabytes; when a write
+    fails part-way, the blocks written are dropped from the rank and the
+    rest are written by the next save: no row lost, none twice."""
+    agent = make_agent(tmp_path)
+    writer = agent.step_writer
+    calls: list[int] = []
+    real = writer.append_packed
+
+    def failing_third(data: bytes, n: int) -> None:
+        calls.append(n)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(data, n)
+
+    writer.append_packed = failing_third  # type: ignore[method-assign]
+    train(agent, BLOCK * 3 + 101)  # 3 blocks and 100 rows committed
+    with pytest.raises(OSError):
+        agent._append_ready(False)
+    assert calls == [BLOCK, BLOCK, BLOCK]
+    assert writer.written == 2 * BLOCK and agent.tracker.base == 2 * BLOCK
+    agent._append_ready(False)
+    assert calls[3:] == [BLOCK, 100]
+    agent.tracker.finish(agent.phase_clock.now())
+    agent.write(final=True)
+    starts = read_rank_file(agent.path).column("start")
+    assert len(starts) == BLOCK * 3 + 101 and starts == sorted(set(starts))
 
 
 @pytest.mark.usefixtures("no_rank_env")
