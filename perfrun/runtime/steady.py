@@ -33,8 +33,8 @@ Used only while nothing listens to step boundaries or phase edges
 from __future__ import annotations
 
 from array import array
-from itertools import chain, repeat
-from operator import add, sub
+from itertools import cycle, repeat
+from operator import add, eq, sub
 from typing import Any, Callable, Optional
 
 from .events import ENTER, EXIT, FETCHED, signature, time_of
@@ -52,7 +52,7 @@ class Pattern:
     after its leading event up to and including the next step's (`lead`),
     and the row's formula."""
 
-    __slots__ = ("lead", "shape", "events", "k", "terms", "consts")
+    __slots__ = ("lead", "shape", "events", "k", "terms", "consts", "template")
 
     def __init__(self, lead: tuple, shape: tuple, events: list, row: Any) -> None:
         self.lead = lead
@@ -68,42 +68,43 @@ class Pattern:
         self.terms = terms
         # Excluded time, calls per column, samples: the row's constants.
         self.consts = tuple(row[6:12])
+        # A row with the constants in place, the times and phase columns
+        # 0.0 until filled, the columns the state machine leaves MISSING so.
+        self.template = array("d", [0.0] * 6 + list(self.consts) + [MISSING] * (WIDTH - 12))
 
-    def count(self, sigs: list, i: int) -> int:
-        """How many whole steps at `sigs[i:]` repeat the pattern."""
-        k, events = self.k, self.events
-        m = (len(sigs) - i) // k
-        if m == 0 or sigs[i:i + m * k] == events * m:
+    def count(self, events: list, i: int) -> int:
+        """How many whole steps at `events[i:]` repeat the pattern. Each
+        event's signature is compared as it is made and dropped: nothing
+        held per event."""
+        k, sigs = self.k, self.events
+        m = (len(events) - i) // k
+        if m == 0 or all(map(eq, map(signature, events[i:i + m * k]), cycle(sigs))):
             return m
         s = 0
-        while sigs[i:i + k] == events:
+        while s < m and all(map(eq, map(signature, events[i:i + k]), sigs)):
             s += 1
             i += k
         return s
 
-    def rows(self, times: list, m: int, origin: float) -> bytes:
+    def rows(self, times: list, m: int, origin: float) -> array:
         """The rows of `m` steps, packed: `times` holds the leading event's
-        time and then those of the m steps' events."""
+        time and then those of the m steps' events. Each column is computed
+        whole and set into the rows with one strided assignment: no tuple
+        or float per value beyond the arithmetic's own."""
         k = self.k
         mk = m * k
-        cols: list[Any] = []
-        for terms in self.terms:
+        out = self.template * m
+        out[0::WIDTH] = array("d", map(sub, times[0:mk:k], repeat(origin, m)))
+        out[1::WIDTH] = array("d", map(sub, times[k:mk + 1:k], repeat(origin, m)))
+        for column, terms in enumerate(self.terms, start=2):
             if not terms:
-                cols.append(repeat(0.0, m))
-                continue
+                continue  # 0.0, as in the template
             a, b = terms[0]
             acc = list(map(sub, times[b:mk:k], times[a:mk:k]))
             for a, b in terms[1:]:
                 acc = list(map(add, acc, map(sub, times[b:mk:k], times[a:mk:k])))
-            cols.append(acc)
-        rows = zip(
-            map(sub, times[0:mk:k], repeat(origin, m)),
-            map(sub, times[k:mk + 1:k], repeat(origin, m)),
-            *cols,
-            *(repeat(c, m) for c in self.consts),
-            *(repeat(MISSING, m) for _ in range(WIDTH - 12)),
-        )
-        return array("d", chain.from_iterable(rows)).tobytes()
+            out[column::WIDTH] = array("d", acc)
+        return out
 
 
 class SteadyReplay:
@@ -128,13 +129,12 @@ class SteadyReplay:
         self.misses = 0
 
     def replay(self, events: list) -> None:
-        sigs = list(map(signature, events))
         n = len(events)
         i = 0
         while i < n:
             pattern = self.pattern
             if pattern is not None and self.lead == pattern.lead:
-                m = pattern.count(sigs, i)
+                m = pattern.count(events, i)
                 if m and self._shape() == pattern.shape:
                     try:
                         self._apply(pattern, events, i, m)
@@ -143,7 +143,7 @@ class SteadyReplay:
                     except Exception as exc:
                         self.pattern = None
                         self._fault(exc)
-            i = self._step(events, sigs, i)
+            i = self._step(events, i)
 
     # -- internals ------------------------------------------------------------
 
@@ -164,7 +164,7 @@ class SteadyReplay:
             return None
         return (kind, tracker.shape())
 
-    def _step(self, events: list, sigs: list, i: int) -> int:
+    def _step(self, events: list, i: int) -> int:
         """Replay events one by one from `i` through the first that opens a
         step; returns the index after it (or the batch's end)."""
         tracker = self.tracker
@@ -185,25 +185,25 @@ class SteadyReplay:
             return i
         lead, lead_t, shape = self.lead, self.lead_t, self.shape
         try:
-            self.lead = sigs[i - 1]
+            self.lead = signature(events[i - 1])
             self.lead_t = tracker.start
             self.shape = self._shape()
             if lead is not None and shape is not None and self.shape == shape and lead == self.lead:
                 if self.skip:
                     self.skip -= 1
                 else:
-                    self._learn(lead, lead_t, shape, events, sigs, start, i)
+                    self._learn(lead, lead_t, shape, events, start, i)
         except Exception as exc:
             self.lead = self.pattern = None
             self._fault(exc)
         return i
 
-    def _learn(self, lead: tuple, lead_t: float, shape: tuple, events: list, sigs: list,
+    def _learn(self, lead: tuple, lead_t: float, shape: tuple, events: list,
                start: int, end: int) -> None:
         """The step from `lead` (at `lead_t`) through `events[start:end]`
         (ending with the next step's lead) has just been committed: learn it
         as the pattern if it qualifies (see the module's docstring)."""
-        pattern = self._qualify(lead, lead_t, shape, events, sigs, start, end)
+        pattern = self._qualify(lead, lead_t, shape, events, start, end)
         if pattern is None:
             self.misses += 1
             self.skip = min(MAX_SKIP, 1 << min(self.misses, 8))
@@ -211,13 +211,13 @@ class SteadyReplay:
             self.pattern = pattern
             self.misses = 0
 
-    def _qualify(self, lead: tuple, lead_t: float, shape: tuple, events: list, sigs: list,
+    def _qualify(self, lead: tuple, lead_t: float, shape: tuple, events: list,
                  start: int, end: int) -> Optional[Pattern]:
         tracker = self.tracker
         k = end - start
-        if k < 2 or k % 2 or not self._top_level(lead, sigs[start:end]):
+        steps = list(map(signature, events[start:end]))
+        if k < 2 or k % 2 or not self._top_level(lead, steps):
             return None
-        steps = sigs[start:end]
         if -1 in (_COLUMN[lead[1]], *(_COLUMN[s[1]] for s in steps[1:-1:2])):
             return None  # a closure's own time is Others: no column
         buf = tracker.buf
@@ -226,7 +226,7 @@ class SteadyReplay:
         row = buf[-WIDTH:]
         pattern = Pattern(lead, shape, steps, row)
         times = [lead_t, *map(time_of, events[start:end])]
-        if pattern.rows(times, 1, tracker.origin) != row.tobytes():
+        if pattern.rows(times, 1, tracker.origin).tobytes() != row.tobytes():
             return None
         return pattern
 
@@ -253,7 +253,7 @@ class SteadyReplay:
         mk = m * pattern.k
         times = [tracker.start]
         times += map(time_of, events[i:i + mk])
-        tracker.buf.frombytes(pattern.rows(times, m, tracker.origin))
+        tracker.buf.extend(pattern.rows(times, m, tracker.origin))
         t = times[-1]
         kind = pattern.lead[1]
         tracker.start = t
