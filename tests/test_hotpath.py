@@ -10,6 +10,7 @@ tracker and clock) and taken out again after each test.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -211,6 +212,24 @@ def test_a_new_loader_or_optimizer_starts_a_search(agent: SimpleNamespace) -> No
     assert searching()
 
 
+def test_hooks_switched_off_mid_search_give_torch_its_module_call_back(
+        agent: SimpleNamespace) -> None:
+    """A search ends at an outermost call that the timing wrapper sees; once
+    the hooks are switched off (the run ended, or a DataLoader worker was
+    forked mid-search) none will, so the next module call ends it instead:
+    otherwise every module call from then on would pass through perfrun."""
+    model = Net(blocks=1)
+    x = torch.randn(3, 4)
+    model(x)
+    assert searching()
+    agent.hooks_state.block = hooks.OFF
+    model(x)
+    assert not searching()
+    assert nn.Module.__dict__["__call__"] is TORCH_MODULE_CALL
+    # The root's class keeps its wrapper, which passes the call through.
+    assert perfrun_frames(lambda: model(x)) == ["__call__"]
+
+
 def test_install_and_uninstall_leave_torch_as_it_was() -> None:
     agent = make_agent(timer_only=True)
     undo = hooks.install(torch, agent)
@@ -344,3 +363,23 @@ def test_the_bytecodes_a_step_costs_are_counted_and_bounded() -> None:
     # hundred bytecodes a step, where the state machine ran some 1,600.
     assert 0 < replay < 500, out.stdout
     assert "hooks.py:__next__" in out.stdout and "edges buffered a step: 12.0" in out.stdout
+    # 1,000 submodule calls a forward run none of perfrun's bytecodes.
+    assert "(difference +0.0)" in out.stdout, out.stdout
+
+
+def test_the_in_process_benchmark_runs_every_kind_of_block(tmp_path: Path) -> None:
+    """scripts/bench_inprocess.py times the hooks in and out of one process:
+    checked here for what it runs and reports, never for its times."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_inprocess.py"
+    out_json = tmp_path / "inprocess.json"
+    out = subprocess.run([sys.executable, str(script), "--rounds", "1", "--block", "45",
+                          "--json", str(out_json)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out_json.read_text())
+    assert set(doc["workloads"]) == {"(d) loader_mlp", "(e) many_modules", "(f) no_submodules"}
+    loader = doc["workloads"]["(d) loader_mlp"]
+    assert loader["plain_step_us"] > 0 and {"perfrun", "off"} <= set(loader)
+    assert set(loader["calls"]) == {"fetch", "zero_grad", "model", "loss+backward",
+                                    "optimizer.step"}
+    assert "median" in doc["submodules_1000"]
+    assert "1,000 submodule calls" in out.stdout

@@ -549,6 +549,12 @@ class RootFinder:
             if compiling():
                 return module_call(*args, **kwargs)
             if state.block or get_ident() != main:
+                if state.block >= OFF:
+                    # Switched off (the run ended, or this is a forked
+                    # DataLoader worker): no outermost call will end this
+                    # search, so end it here, or every module call from
+                    # now on would pass through this wrapper.
+                    self.end()
                 return module_call(*args, **kwargs) if kwargs else module_call(*args)
             return adopt(args[0])(*args, **kwargs)
 
@@ -609,6 +615,11 @@ class RootFinder:
         self.left = SEARCH_CALLS
         self.state.due = _ALWAYS
 
+    def end(self) -> None:
+        """End the running search: torch's `nn.Module.__call__` is back."""
+        self.left = 0
+        self._set_module_call(self.discover, self.module_call)
+
     def watch(self, t: float) -> None:
         """An outermost module call at `t`, past `state.due`: count it against
         the running search, or start the next one."""
@@ -619,7 +630,7 @@ class RootFinder:
             return
         self.left -= 1
         if self.left == 0:
-            self._set_module_call(self.discover, self.module_call)
+            self.end()
             self.state.due = t + self.backoff
             self.backoff *= 2
 
