@@ -13,7 +13,10 @@ clock, and counts per step, with and without perfrun:
   the step state machine (run in batches, every 20 ms);
 * Python function calls (sys.setprofile), perfrun's by name;
 * memory blocks allocated (sys.getallocatedblocks before and after a step
-  whose buffer is not replayed: what the step leaves held).
+  whose buffer is not replayed: what the step leaves held);
+* perfrun's bytecodes a step in the loops of workloads (e) and (f): a
+  forward of 1,000 submodule calls and the same loop with none, which run
+  the same bytecodes of perfrun's when no submodule call runs any.
 
 Counts do not depend on how busy the machine is, unlike the microseconds of
 scripts/bench_overhead.py, which on a shared machine scatter by tens of
@@ -42,6 +45,7 @@ from perfrun.runtime.steps import StepTracker
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads"))
 import loader_mlp  # noqa: E402  (workload (d), from the folder above)
+import many_modules  # noqa: E402  (workloads (e) and (f))
 
 #: Untraced steps timed to set how many steps a replay holds.
 TIMED = 200
@@ -215,7 +219,49 @@ def main(argv: list[str]) -> int:
     print()
     print(f"edges buffered a step: {edges:.1f}; memory blocks a step holds until the replay: "
           f"{held:+.1f}")
+    print()
+    with_modules, without = submodule_bytecodes(many_modules.BLOCKS), submodule_bytecodes(0)
+    print("perfrun's bytecodes a step, 1,000 submodule calls a forward or none")
+    print(f"  (e) many_modules                {with_modules:8.1f}")
+    print(f"  (f) no_submodules               {without:8.1f}  "
+          f"(difference {with_modules - without:+.1f})")
     return 0
+
+
+def submodule_bytecodes(blocks: int, steps: int = 40) -> float:
+    """perfrun's bytecodes a step in the loop of workload (e) (blocks=100:
+    1,000 submodule calls a forward) or (f) (blocks=0), the hooks on a
+    timer-only clock that never replays, outside the root search: what the
+    hooked calls run, and nothing that depends on how many modules the
+    model calls."""
+    torch.manual_seed(0)
+    x = torch.randn(4, many_modules.WIDTH)
+    y = torch.randint(0, many_modules.WIDTH, (4,))
+    model = many_modules.Deep(blocks)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    agent = make_agent()
+    undo = hooks.install(torch, agent)
+    try:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+
+        run(20)  # the root search ends within a few steps
+        agent.clock.interval = _NEVER
+        agent.clock.drain()
+        agent.clock.last = _NEVER
+        # The next search, SEARCH_BACKOFF seconds on (doubling each time),
+        # would fall in the counted steps, which the tracer slows: a search
+        # passes every module call through perfrun for a few steps.
+        agent.hooks_state.due = _NEVER
+        counts = count_opcodes(run, steps)
+    finally:
+        hooks.uninstall(undo)
+    return sum(v for k, v in counts.items() if ours(k)) / steps
 
 
 if __name__ == "__main__":

@@ -1,0 +1,241 @@
+"""What does perfrun add to a step? Timed in one process, hooks in and out.
+
+    python scripts/bench_inprocess.py [--rounds N] [--block STEPS] [--json OUT]
+
+scripts/bench_overhead.py times whole runs, plain against perfrun, one
+process each: on a shared machine two plain runs differ by more than the few
+microseconds perfrun adds to a step, so its per-step figures scatter by
+tens of microseconds. This benchmark pairs closer. One process runs the
+loops of the benchmark workloads in blocks of steps, and between blocks
+installs perfrun's hooks (`perfrun.runtime.hooks.install`, on the buffered
+clock of `--timer-only`, replaying every 20 ms as in a run) or takes them
+out again (`hooks.uninstall`). The kinds of block come in a new random
+order each round, so that the machine's drift favours none. Each block's
+median step is taken after its first steps (the root search); per round,
+perfrun's block less the plain one is what the hooks add to a step.
+
+The kinds of block:
+
+* plain: torch as it is;
+* perfrun: the hooks in place, recording every edge (timer-only);
+* off: the hooks in place, switched off once the root search has ended
+  (`HookState.block = OFF`, as after a run's end), so that each hooked
+  call pays the wrapper's call and one test and nothing else: the share of
+  the cost that is a Python wrapper at all, rather than what it records.
+
+The loops, as in scripts/workloads/:
+
+* (d) loader_mlp: a tiny MLP fed by a DataLoader, six hooked calls a step
+  (the fetch, zero_grad, the model, the loss module, backward,
+  optimizer.step); each call is also timed on its own, with a clock read
+  around it, so that the cost splits by hooked call;
+* (e) many_modules: a model whose forward calls 1,000 submodules, and (f)
+  the same loop with none: (e) less (f), round by round, is what perfrun
+  adds to 1,000 submodule calls.
+
+Public tools only; needs torch and perfrun importable. Quiet the machine
+first: the quartiles of the rounds say how much to trust a median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from perfrun.runtime import hooks
+from perfrun.runtime.hooks import OFF
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "workloads"))
+import loader_mlp  # noqa: E402  (workload (d))
+import many_modules  # noqa: E402  (workloads (e) and (f))
+from bench_hotpath import make_agent  # noqa: E402
+
+KINDS = ("plain", "perfrun", "off")
+#: Steps at the start of each block left out: the root search runs on the
+#: first outermost module calls (hooks.SEARCH_CALLS), a few steps.
+SKIP = 30
+#: (d)'s hooked calls, as its loop times them (the loss module and backward
+#: run back to back, so they are timed together).
+CALLS = ("fetch", "zero_grad", "model", "loss+backward", "optimizer.step")
+
+
+Loop = Callable[[Callable[[], None]], list[tuple[float, ...]]]
+
+
+def loader_loop(block: int) -> Loop:
+    """Workload (d): returns a function that runs one block of steps and
+    returns, per step, the step's time and each hooked call's; `switch` is
+    called once, after the steps not counted."""
+    loader, model, loss_fn, _ = loader_mlp.build(block, shuffle=False)
+
+    def run(switch: Callable[[], None]) -> list[tuple[float, ...]]:
+        # Built in the block, so that with the hooks in place its step is
+        # hooked (perfrun wraps an optimizer class's step when it is built).
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        clock = time.perf_counter
+        marks = []
+        it = iter(loader)
+        t = clock()
+        for i in range(block):
+            if i == SKIP:
+                switch()
+                t = clock()
+            xb, yb = next(it)
+            a = clock()
+            optimizer.zero_grad()
+            b = clock()
+            out = model(xb)
+            c = clock()
+            loss_fn(out, yb).backward()
+            d = clock()
+            optimizer.step()
+            e = clock()
+            marks.append((e - t, a - t, b - a, c - b, d - c, e - d))
+            t = e
+        return marks
+
+    return run
+
+
+def modules_loop(block: int, blocks: int) -> Loop:
+    """Workload (e) (blocks=100: 1,000 submodule calls a forward) or (f)
+    (blocks=0): one block of steps, each step's time."""
+    torch.manual_seed(0)
+    data = [(torch.randn(4, many_modules.WIDTH), torch.randint(0, many_modules.WIDTH, (4,)))
+            for _ in range(16)]
+    model = many_modules.Deep(blocks)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def run(switch: Callable[[], None]) -> list[tuple[float, ...]]:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        clock = time.perf_counter
+        marks = []
+        t = clock()
+        for i in range(block):
+            if i == SKIP:
+                switch()
+                t = clock()
+            x, y = data[i % len(data)]
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+            e = clock()
+            marks.append((e - t,))
+            t = e
+        return marks
+
+    return run
+
+
+def run_block(run: Loop, kind: str) -> list[float]:
+    """One block of `kind`: the median of each timed column, in us."""
+    undo = None
+    switch = _nothing
+    if kind != "plain":
+        agent = make_agent()
+        undo = hooks.install(torch, agent)
+        if kind == "off":
+            def switch() -> None:
+                agent.hooks_state.block = OFF
+    try:
+        marks = run(switch)
+    finally:
+        if undo is not None:
+            hooks.uninstall(undo)
+    kept = marks[SKIP:]
+    return [statistics.median(m[j] for m in kept) * 1e6 for j in range(len(kept[0]))]
+
+
+def _nothing() -> None:
+    pass
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "q1": q[0], "q3": q[2]}
+
+
+def fmt(s: dict[str, float]) -> str:
+    return f"{s['median']:+7.2f} us  (quartiles {s['q1']:+.1f} to {s['q3']:+.1f})"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=40, help="rounds (default 40)")
+    parser.add_argument("--block", type=int, default=300,
+                        help=f"steps a block (default 300; the first {SKIP} not counted)")
+    parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
+    args = parser.parse_args(argv)
+    if args.block <= SKIP + 10 or args.rounds < 1:
+        parser.error(f"--block must exceed {SKIP + 10} and --rounds be at least 1")
+
+    torch.set_num_threads(1)
+    loops = {
+        "(d) loader_mlp": loader_loop(args.block),
+        "(e) many_modules": modules_loop(args.block, many_modules.BLOCKS),
+        "(f) no_submodules": modules_loop(args.block, 0),
+    }
+    results: dict[str, dict[str, list[list[float]]]] = {
+        name: {kind: [] for kind in KINDS} for name in loops
+    }
+    rng = random.Random(0)
+    began = time.perf_counter()
+    for _ in range(args.rounds):
+        order = [(name, kind) for name in loops for kind in KINDS]
+        rng.shuffle(order)
+        for name, kind in order:
+            results[name][kind].append(run_block(loops[name], kind))
+    elapsed = time.perf_counter() - began
+
+    out: dict[str, Any] = {
+        "torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count(),
+        "rounds": args.rounds, "block": args.block, "seconds": round(elapsed, 1),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "workloads": {},
+    }
+    print(f"perfrun's hooks in and out of one process: torch {out['torch']}, python "
+          f"{out['python']}, {out['cpus']} CPUs, {args.rounds} rounds of {args.block}-step "
+          f"blocks, {elapsed:.0f} s, load average {out['load_average']:.2f} at the end")
+    print()
+    added: dict[str, list[float]] = {}
+    for name, kinds in results.items():
+        plain = kinds["plain"]
+        entry: dict[str, Any] = {"plain_step_us": statistics.median(r[0] for r in plain)}
+        print(f"{name}: plain step {entry['plain_step_us']:.1f} us")
+        for kind in ("perfrun", "off"):
+            diffs = [k[0] - p[0] for k, p in zip(kinds[kind], plain)]
+            if kind == "perfrun":
+                added[name] = diffs
+            entry[kind] = spread(diffs)
+            label = ("perfrun (timer-only) adds" if kind == "perfrun"
+                     else "wrappers switched off add")
+            print(f"  {label:27s} {fmt(entry[kind])}")
+        if len(plain[0]) > 1:
+            entry["calls"] = {}
+            for j, call in enumerate(CALLS, start=1):
+                diffs = [k[j] - p[j] for k, p in zip(kinds["perfrun"], plain)]
+                entry["calls"][call] = spread(diffs)
+                print(f"    {call:25s} {fmt(entry['calls'][call])}")
+        out["workloads"][name] = entry
+    e, f = added["(e) many_modules"], added["(f) no_submodules"]
+    sub = spread([a - b for a, b in zip(e, f)])
+    out["submodules_1000"] = sub
+    print()
+    print(f"1,000 submodule calls, (e) less (f), round by round: {fmt(sub)}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
