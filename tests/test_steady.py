@@ -156,7 +156,8 @@ def settled(tracker: StepTracker, clock: PhaseClock) -> tuple:
         tracker.shape(), tracker.start, tracker.fetch_start, tracker.opened,
         tracker.eval_time, tracker.eval_spans, tracker.eval_passes, tracker.eval_batches,
         tracker.eval_forward_calls, tracker.init_calls, tracker.init_time,
-        tracker.stop_calls, tracker.stop_time, tracker.own_calls, tracker.base,
+        tracker.stop_calls, tracker.stop_time, tracker.own_calls,
+        tracker.committed, tracker.committed == tracker.base + tracker.held, tracker.base,
         [list(e) for e in clock.stack],
     )
 

@@ -1144,3 +1144,27 @@ def test_closure_code_outside_its_phases_is_others_not_optimization() -> None:
             calls=(1, 1, 1, 1), samples=32),
     ]
     assert [others(r) for r in rows] == [6, 6]
+
+
+def test_step_indexes_do_not_depend_on_the_writer_taking_rows() -> None:
+    """The flush thread's `take` drops written rows from the buffer and then
+    advances `base`, two statements apart: a step boundary on the script's
+    thread in between must still get its true index (the profiler window,
+    the FLOP step and --stop-after are scheduled by it)."""
+    begun: list[int] = []
+    ended: list[int] = []
+    tracker = StepTracker("auto", lambda i, t: begun.append(i),
+                          lambda i, t, committed: committed and ended.append(i))
+    clock = PhaseClock(tracker, now=iter(range(10_000)).__next__)
+    for step in range(6):
+        for kind in (DATA, FWD, BWD, OPT):
+            clock.enter(kind)
+            clock.exit()
+        if step == 2:
+            # The writer halfway through take(2): rows gone, base not yet moved.
+            del tracker.buf[: 2 * len(STEP_COLUMNS)]
+        elif step == 3:
+            tracker.base += 2
+    assert begun == list(range(6))
+    assert ended == list(range(5))
+    assert tracker.committed == 5 == tracker.base + tracker.held

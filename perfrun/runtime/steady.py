@@ -254,6 +254,7 @@ class SteadyReplay:
         times = [tracker.start]
         times += map(time_of, events[i:i + mk])
         tracker.buf.extend(pattern.rows(times, m, tracker.origin))
+        tracker.committed += m
         t = times[-1]
         kind = pattern.lead[1]
         tracker.start = t

@@ -131,6 +131,11 @@ class StepTracker:
         # with torch's heap), and a save is one copy of bytes.
         self.buf = array("d")
         self.base = 0
+        # Steps committed in all: the next step's index. Kept apart from
+        # `base + held` because the flush thread's `take` moves rows out of
+        # `buf` and into `base` in two statements, between which the
+        # script's thread could read a sum short by the rows just written.
+        self.committed = 0
         # Samples of every step when the user gave the batch size (else
         # counted from the batches fetched).
         self.fixed_samples: Optional[int] = None
@@ -209,7 +214,7 @@ class StepTracker:
     @property
     def current_index(self) -> int:
         """Index of the open step (or of the next one, when none is open)."""
-        return self.base + len(self.buf) // WIDTH
+        return self.committed
 
     @property
     def held(self) -> int:
@@ -418,7 +423,7 @@ class StepTracker:
             # t0, which is right: the loop body ended when it asked for more).
             self.open = False
             if self.on_end is not None:
-                self.on_end(self.base + len(self.buf) // WIDTH, t0, False)
+                self.on_end(self.committed, t0, False)
             return
         if self.closed:
             self._commit(t0, self.excl)
@@ -527,7 +532,7 @@ class StepTracker:
         self.first_ident = ident
         self._reset_accumulators()
         if self.on_begin is not None:
-            self.on_begin(self.base + len(self.buf) // WIDTH, t)
+            self.on_begin(self.committed, t)
 
     def _commit(self, end: float, excl: float) -> None:
         a, c = self.acc, self.calls
@@ -553,5 +558,6 @@ class StepTracker:
                 MISSING,
             )
         )
+        self.committed += 1
         if self.on_end is not None:
-            self.on_end(self.base + len(self.buf) // WIDTH - 1, end, True)
+            self.on_end(self.committed - 1, end, True)
