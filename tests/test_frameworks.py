@@ -74,6 +74,12 @@ READER_RATIO_TOLERANCE = 0.02
 #: Window Overview against window Model Summary, per phase.
 TIME_REL_TOLERANCE = 0.05
 TIME_ABS_TOLERANCE = 50e-6
+#: The two read their clocks a few Python statements apart at each edge
+#: (perfrun's reading, then the profiler's range), so a time slice the
+#: process loses between them shows in one and not the other: on this
+#: 2-core machine, with pytest -n auto running other tests beside, 0.6 to
+#: 2.1 ms over the 10 forward calls of a Lightning window. Allowed per call.
+TIME_PER_CALL_TOLERANCE = 300e-6
 
 PHASE_ROWS = ("Dataloader", "Forward", "Backward", "Optimization")
 
@@ -259,7 +265,8 @@ def check_window_overview_matches_model(stack: Stack, runs: StackRuns) -> None:
     for phase in PHASE_ROWS:
         o, m = overview[phase], model[phase]
         total = m["cpu"]["total"]
-        tolerance = max(TIME_REL_TOLERANCE * total, TIME_ABS_TOLERANCE)
+        tolerance = max(TIME_REL_TOLERANCE * total, TIME_ABS_TOLERANCE,
+                        TIME_PER_CALL_TOLERANCE * m["calls"])
         if o["calls"] != m["calls"] or abs(o["time"] - total) > tolerance:
             differ.append(
                 f"{phase}: Overview {o['calls']} calls {1e3 * o['time']:.3f} ms, "
