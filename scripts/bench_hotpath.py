@@ -234,18 +234,15 @@ def submodule_bytecodes(blocks: int, steps: int = 40) -> float:
     timer-only clock that never replays, outside the root search: what the
     hooked calls run, and nothing that depends on how many modules the
     model calls."""
-    torch.manual_seed(0)
-    x = torch.randn(4, many_modules.WIDTH)
-    y = torch.randint(0, many_modules.WIDTH, (4,))
-    model = many_modules.Deep(blocks)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    data, model, loss_fn = many_modules.build(blocks)
     agent = make_agent()
     undo = hooks.install(torch, agent)
     try:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def run(n: int) -> None:
-            for _ in range(n):
+            for i in range(n):
+                x, y = data[i % len(data)]
                 optimizer.zero_grad()
                 loss_fn(model(x), y).backward()
                 optimizer.step()

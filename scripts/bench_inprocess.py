@@ -109,11 +109,7 @@ def loader_loop(block: int) -> Loop:
 def modules_loop(block: int, blocks: int) -> Loop:
     """Workload (e) (blocks=100: 1,000 submodule calls a forward) or (f)
     (blocks=0): one block of steps, each step's time."""
-    torch.manual_seed(0)
-    data = [(torch.randn(4, many_modules.WIDTH), torch.randint(0, many_modules.WIDTH, (4,)))
-            for _ in range(16)]
-    model = many_modules.Deep(blocks)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    data, model, loss_fn = many_modules.build(blocks)
 
     def run(switch: Callable[[], None]) -> list[tuple[float, ...]]:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -228,15 +228,15 @@ def test_a_save_copies_and_writes_a_block_at_a_time_and_a_failed_write_loses_not
     agent = make_agent(tmp_path)
     writer = agent.step_writer
     calls: list[int] = []
-    real = writer.append_packed
+    real = writer._write
 
-    def failing_third(data: bytes, n: int) -> None:
-        calls.append(n)
+    def failing_third(data: bytes) -> None:
+        calls.append(len(data) // ROW_BYTES)  # rows in this write
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        real(data, n)
+        real(data)
 
-    writer.append_packed = failing_third  # type: ignore[method-assign]
+    writer._write = failing_third  # type: ignore[method-assign]
     train(agent, BLOCK * 3 + 101)  # 3 blocks and 100 rows committed
     with pytest.raises(OSError):
         agent._append_ready(False)

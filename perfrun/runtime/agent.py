@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 from .. import __version__
 from ..results import COL, FORMAT, STEP_COLUMNS, VERSION, atomic_write_text, rank_filename
 from ..settings import Settings
-from ..stepfile import BLOCK, StepWriter, steps_path
+from ..stepfile import StepWriter, steps_path
 from . import hooks
 from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
@@ -488,21 +488,15 @@ class Agent:
             if final:
                 ready = base + held
         k = ready - base
-        written = 0
+        if k <= 0:
+            return
+        before = writer.written
         try:
-            # A block at a time: each copy holds the GIL for tens of
-            # microseconds, and each write gives it back to the script. One
-            # copy of all the new rows (megabytes in a fast loop's 2 s) held
-            # it for milliseconds and stalled the script's step.
-            while written < k:
-                n = min(BLOCK, k - written)
-                lo = written * WIDTH
-                writer.append_packed(buf[lo: lo + n * WIDTH].tobytes(), n)
-                written += n
+            writer.append_held(buf, k)
         finally:
             # Only the script's own thread adds rows (at the end), so the
-            # rows written are still the first `written`.
-            tracker.take(written)
+            # rows written, all or (a write failed) some, are the first.
+            tracker.take(writer.written - before)
 
     def document(self) -> str:
         writer = self.step_writer

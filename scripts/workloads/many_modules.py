@@ -53,15 +53,21 @@ class Deep(nn.Module):
         return torch.nn.functional.linear(x, self.head)
 
 
+def build(blocks: int = BLOCKS) -> tuple[list, nn.Module, nn.Module]:
+    """The batches, the model and the loss (scripts/bench_hotpath.py and
+    bench_inprocess.py build the same loop); the optimizer is the caller's,
+    built where perfrun's hooks can see it."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = [(torch.randn(4, WIDTH), torch.randint(0, WIDTH, (4,))) for _ in range(16)]
+    return data, Deep(blocks), nn.CrossEntropyLoss()
+
+
 def main(argv: list[str]) -> None:
     blocks = int(argv[2]) if len(argv) > 2 else BLOCKS
     steps, warmup = parse(argv[:2], __doc__, 1000, 100)
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    data = [(torch.randn(4, WIDTH), torch.randint(0, WIDTH, (4,))) for _ in range(16)]
-    model = Deep(blocks)
-    loss_fn = nn.CrossEntropyLoss()
+    data, model, loss_fn = build(blocks)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     marks: list[float] = []
