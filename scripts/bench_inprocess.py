@@ -21,7 +21,12 @@ The kinds of block:
 * off: the hooks in place, switched off once the root search has ended
   (`HookState.block = OFF`, as after a run's end), so that each hooked
   call pays the wrapper's call and one test and nothing else: the share of
-  the cost that is a Python wrapper at all, rather than what it records.
+  the cost that is a Python wrapper at all, rather than what it records;
+* floor: not perfrun's hooks but the least a Python wrapper can do and
+  still time the same calls (`install_floor`): a thread check, a nesting
+  count for the models, two clock readings and two appends, nothing
+  replayed. What perfrun adds beyond it is its bookkeeping (which call,
+  gradients on or not, the root search, samples, FLOPs, the replay).
 
 The loops, as in scripts/workloads/:
 
@@ -40,11 +45,13 @@ first: the quartiles of the rounds say how much to trust a median.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
 import statistics
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -59,7 +66,7 @@ import loader_mlp  # noqa: E402  (workload (d))
 import many_modules  # noqa: E402  (workloads (e) and (f))
 from bench_hotpath import make_agent  # noqa: E402
 
-KINDS = ("plain", "perfrun", "off")
+KINDS = ("plain", "perfrun", "off", "floor")
 #: Steps at the start of each block left out: the root search runs on the
 #: first outermost module calls (hooks.SEARCH_CALLS), a few steps.
 SKIP = 30
@@ -103,6 +110,7 @@ def loader_loop(block: int) -> Loop:
             t = e
         return marks
 
+    run.roots = (type(model), type(loss_fn))  # type: ignore[attr-defined]
     return run
 
 
@@ -129,14 +137,76 @@ def modules_loop(block: int, blocks: int) -> Loop:
             t = e
         return marks
 
+    run.roots = (type(model), type(loss_fn))  # type: ignore[attr-defined]
     return run
+
+
+def install_floor(roots: tuple[type, ...]) -> list[tuple[Any, str, Any]]:
+    """The floor: wrappers on the calls perfrun hooks (the fetch, zero_grad,
+    the root modules' `__call__`, backward, SGD's step) that do the least
+    that still times each call on the script's thread: a thread check, a
+    nesting count (so that a model's nested calls of its own class pass
+    through), a clock reading and an append at each edge. No ident, no
+    gradient flag, no root search, no sample count, no replay: the edges
+    pile up in a list for the block. Returns what `hooks.uninstall` puts
+    back."""
+    import torch.utils.data.dataloader as dataloader_mod
+
+    edges: list[Any] = []
+    record = edges.append
+    now = time.perf_counter
+    get_ident = threading.get_ident
+    main = get_ident()
+    depth = [0]
+    undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str, code: int) -> None:
+        orig = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if get_ident() != main:
+                return orig(*args, **kwargs)
+            record((code, now()))
+            result = orig(*args, **kwargs) if kwargs else orig(*args)
+            record(now())
+            return result
+
+        # Copies torch's `hooked` mark of an optimizer step, so that torch
+        # does not wrap the wrapper again when the block builds its optimizer.
+        setattr(owner, name, functools.wraps(orig)(timed))
+        undo.append((owner, name, orig))
+
+    wrap(dataloader_mod._BaseDataLoaderIter, "__next__", 0)
+    wrap(torch.optim.Optimizer, "zero_grad", 4)
+    wrap(torch.optim.SGD, "step", 3)
+    wrap(torch.autograd, "backward", 2)
+    module_call = torch.nn.Module.__call__
+    for cls in dict.fromkeys(roots):
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if depth[0] or get_ident() != main:
+                return module_call(*args, **kwargs) if kwargs else module_call(*args)
+            depth[0] += 1
+            record((1, now()))
+            try:
+                result = module_call(*args, **kwargs) if kwargs else module_call(*args)
+            finally:
+                depth[0] -= 1
+            record(now())
+            return result
+
+        undo.append((cls, "__call__", cls.__dict__.get("__call__")))
+        cls.__call__ = call
+    return undo
 
 
 def run_block(run: Loop, kind: str) -> list[float]:
     """One block of `kind`: the median of each timed column, in us."""
     undo = None
     switch = _nothing
-    if kind != "plain":
+    if kind == "floor":
+        undo = install_floor(run.roots)  # type: ignore[attr-defined]
+    elif kind != "plain":
         agent = make_agent()
         undo = hooks.install(torch, agent)
         if kind == "off":
@@ -207,14 +277,17 @@ def main(argv: list[str]) -> int:
         plain = kinds["plain"]
         entry: dict[str, Any] = {"plain_step_us": statistics.median(r[0] for r in plain)}
         print(f"{name}: plain step {entry['plain_step_us']:.1f} us")
-        for kind in ("perfrun", "off"):
+        for kind, label in (("perfrun", "perfrun (timer-only) adds"),
+                            ("off", "wrappers switched off add"),
+                            ("floor", "the floor's wrappers add")):
             diffs = [k[0] - p[0] for k, p in zip(kinds[kind], plain)]
             if kind == "perfrun":
                 added[name] = diffs
             entry[kind] = spread(diffs)
-            label = ("perfrun (timer-only) adds" if kind == "perfrun"
-                     else "wrappers switched off add")
             print(f"  {label:27s} {fmt(entry[kind])}")
+        beyond = spread([a[0] - b[0] for a, b in zip(kinds["perfrun"], kinds["floor"])])
+        entry["perfrun_less_floor"] = beyond
+        print(f"  {'perfrun less the floor':27s} {fmt(beyond)}")
         if len(plain[0]) > 1:
             entry["calls"] = {}
             for j, call in enumerate(CALLS, start=1):

@@ -402,8 +402,9 @@ def test_buffered_clock_reports_a_failing_replay_and_goes_on() -> None:
 
 
 def test_events_as_the_hooks_record_them() -> None:
-    """The hooks hand the clock one tuple per edge; FETCHED ends a fetch and
-    gives its samples in one event."""
+    """The hooks hand the clock one event per edge; FETCHED ends a fetch and
+    gives its samples in one event; an exit that did not raise is its time
+    alone (a float), the same as (EXIT, False, t)."""
     from perfrun.runtime.clock import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
 
     time = FakeTime(0.0)
@@ -420,7 +421,7 @@ def test_events_as_the_hooks_record_them() -> None:
         recorded.event((ENTER, FWD, True, 1, t + 2))
         recorded.event((EXIT, False, t + 5))
         recorded.event((ENTER, OPT, True, 7, t + 5))
-        recorded.event((EXIT, False, t + 6))
+        recorded.event(float(t + 6))
         for kind, start, end in ((DATA, t, t + 2), (FWD, t + 2, t + 5), (OPT, t + 5, t + 6)):
             direct.enter_at(kind, start, True, {FWD: 1, OPT: 7}.get(kind))
             direct.exit_at(end)

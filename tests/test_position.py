@@ -21,7 +21,7 @@ def test_buffered_edges_move_the_position_on() -> None:
     # and the start of step 5, whose forward never returned.
     pending = [
         (EXIT, False, 10.2),  # forward of step 4 ends
-        (ENTER, BW, True, None, 10.3), (EXIT, False, 10.5),
+        (ENTER, BW, True, None, 10.3), 10.5,  # a bare exit, as the hooks record it
         (ENTER, OPT, True, None, 10.6), (EXIT, False, 10.7),
         (ENTER, DL, True, None, 10.8), (FETCHED, 1, 10.9),  # step 5 starts
         (ENTER, FW, True, None, 11.0),

@@ -27,12 +27,15 @@ MODEL, LOSS, TEACHER, OPTIMIZER = 101, 102, 103, 201
 
 class Stream:
     """Events as the hooks record them, at times that move by random
-    amounts (random low bits: the sums must agree to the last one)."""
+    amounts (random low bits: the sums must agree to the last one). An exit
+    that did not raise is a bare float, as the hooks record it, or with
+    probability `full` the tuple (EXIT, False, t): both mean the same."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, full: float = 0.0) -> None:
         self.rng = rng
+        self.full = full
         self.t = 1000.0 + rng.random()
-        self.events: list[tuple] = []
+        self.events: list[Any] = []
 
     def tick(self) -> float:
         self.t += self.rng.uniform(1e-5, 2e-3)
@@ -43,7 +46,11 @@ class Stream:
         self.events.append((ENTER, kind, grad, ident, self.tick()))
         if inner is not None:
             inner()
-        self.events.append((EXIT, failed, self.tick()))
+        t = self.tick()
+        if failed or (self.full and self.rng.random() < self.full):
+            self.events.append((EXIT, failed, t))
+        else:
+            self.events.append(t)
 
     def fetch(self, samples: int = 8, grad: bool = True) -> None:
         self.events.append((ENTER, DATA, grad, None, self.tick()))
@@ -133,9 +140,11 @@ REGIMES = [
 ]
 
 
-def generated(seed: int) -> list[tuple]:
+def generated(seed: int) -> list[Any]:
     rng = random.Random(seed)
-    s = Stream(rng)
+    # Bare exits, as the hooks record them; a few spelt in full among them;
+    # all spelt in full.
+    s = Stream(rng, full=(0.0, 0.02, 1.0)[seed % 3])
     s.events.append((OPTIM,))
     s.new_iterator()
     while len(s.events) < 3000:
@@ -169,7 +178,7 @@ def make_tracker(step_on: str, fixed: int | None) -> StepTracker:
     return tracker
 
 
-def by_event(events: list[tuple], step_on: str = "auto", fixed: int | None = None,
+def by_event(events: list[Any], step_on: str = "auto", fixed: int | None = None,
              ) -> tuple[bytes, tuple]:
     clock = PhaseClock(make_tracker(step_on, fixed))
     for ev in events:
@@ -180,7 +189,7 @@ def by_event(events: list[tuple], step_on: str = "auto", fixed: int | None = Non
     return clock.tracker.buf.tobytes(), before_finish
 
 
-def in_bulk(events: list[tuple], rng: random.Random, step_on: str = "auto",
+def in_bulk(events: list[Any], rng: random.Random, step_on: str = "auto",
             fixed: int | None = None) -> tuple[bytes, tuple, Any]:
     inner = PhaseClock(make_tracker(step_on, fixed))
     clock = BufferedClock(inner, interval=float("inf"))
@@ -266,7 +275,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "workloads"))
 
 
-def recorded(loop: Callable[[], None]) -> list[tuple]:
+def recorded(loop: Callable[[], None]) -> list[Any]:
     """The events perfrun's hooks record while `loop` runs, none replayed."""
     from types import SimpleNamespace
 
@@ -330,6 +339,7 @@ def real_loops() -> dict[str, Callable[[], None]]:
 @pytest.mark.parametrize("name", ["plain", "accumulation", "no_loader"])
 def test_streams_recorded_from_real_loops_replay_in_bulk_to_the_same_bytes(name: str) -> None:
     events = recorded(real_loops()[name])
+    assert any(ev.__class__ is float for ev in events)  # the hooks' bare exits
     rows, state = by_event(events)
     assert len(rows) >= 40 * WIDTH * 8
     for seed in range(3):

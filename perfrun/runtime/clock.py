@@ -1,6 +1,7 @@
 """The phase clock: a stack of open phases on the hot path.
 
-A hook reports each edge as one event, a tuple of what it read (below), to
+A hook reports each edge as one event, a tuple of what it read (below, and a
+bare float for a plain exit: see events.py), to
 `record`: the PhaseClock's own `event` when something needs each edge the
 moment it happens (NVTX ranges, CUDA events, the profiler window,
 --stop-after), else the append of the BufferedClock's list, replayed through
@@ -23,7 +24,8 @@ from time import perf_counter
 from typing import Callable, Optional
 
 # The events (events.py, re-exported here): (ENTER, kind, grad, ident, t),
-# (EXIT, failed, t), (FETCHED, samples, t), (STOP, t), (ITER, t0, t), (OPTIM,).
+# t (a float: an exit that did not raise), (EXIT, failed, t),
+# (FETCHED, samples, t), (STOP, t), (ITER, t0, t), (OPTIM,).
 from .events import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
 from .steady import SteadyReplay
 from .steps import StepTracker
@@ -56,10 +58,12 @@ class PhaseClock:
         self.record: Callable[[tuple], None] = self.event
         self.last = _NEVER
 
-    def event(self, ev: tuple) -> None:
-        """One event (see the codes above). Enter and exit are written out
-        here rather than called: they run at every edge."""
-        code = ev[0]
+    def event(self, ev: tuple | float) -> None:
+        """One event (see the codes above; a bare float is an exit that did
+        not raise). Enter and exit are written out here rather than called:
+        they run at every edge."""
+        bare = ev.__class__ is float
+        code = EXIT if bare else ev[0]  # type: ignore[index]
         stack = self.stack
         if code == ENTER:
             _, kind, grad, ident, t = ev
@@ -89,7 +93,10 @@ class PhaseClock:
             if stack and stack[-1] is entry:
                 return  # a folded same-kind call
             kind, t0, child, is_eval = entry
-            _, failed, t = ev
+            if bare:
+                failed, t = False, ev
+            else:
+                _, failed, t = ev
             duration = t - t0
             if stack:
                 stack[-1][2] += duration
@@ -207,7 +214,7 @@ class BufferedClock:
         self.now = clock.now
         # One list for the whole run, drained in place, so that the hooks
         # bind its `append` once: that is their `record`.
-        self.buf: list[tuple] = []
+        self.buf: list[tuple | float] = []
         self.record = self.buf.append
         self.limit = limit
         self.interval = interval
@@ -252,10 +259,12 @@ class BufferedClock:
         self.drain()
         return self.clock.stack
 
-    def event(self, ev: tuple) -> None:
+    def event(self, ev: tuple | float) -> None:
         """One event, as the hooks record it (with the checks they make)."""
         self.record(ev)
-        if ev[0] == ENTER and (ev[-1] > self.last or len(self.buf) >= self.limit):
+        if ev.__class__ is float:
+            return
+        if ev[0] == ENTER and (ev[-1] > self.last or len(self.buf) >= self.limit):  # type: ignore[index]
             self.drain()
 
     def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:

@@ -9,8 +9,9 @@ Rules every wrapper follows:
   clock it failed (it closes no step).
 * perfrun's own code around the call runs under `try/except`; a fault is
   recorded (and reported after the run), never raised into the script.
-* The hot path is a few attribute reads, one clock read and one event tuple
-  per edge, handed to the clock's `record` (see clock.py): in timer-only
+* The hot path is a few attribute reads, one clock read and one event per
+  edge (a tuple; for an exit that did not raise, the clock reading itself:
+  events.py), handed to the clock's `record` (see clock.py): in timer-only
   mode a list's append, so an edge runs no Python function of perfrun's
   beyond the wrapper itself.
 * Module calls: only the outermost call of a step's models counts (Forward),
@@ -198,7 +199,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 raise
             state.block -= 1
             try:
-                clock.record((EXIT, False, now()))
+                clock.record(now())
             except Exception as exc:
                 fault("forward", exc)
             return result
@@ -239,7 +240,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             state.block -= 1
             state.backward -= 1
             try:
-                clock.record((EXIT, False, now()))
+                clock.record(now())
             except Exception as exc:
                 fault("backward", exc)
             return result
@@ -272,7 +273,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                         fault(where, exc)
                     raise
                 try:
-                    clock.record((EXIT, False, now()))
+                    clock.record(now())
                 except Exception as exc:
                     fault(where, exc)
                 return result
@@ -305,7 +306,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     fault("optimizer.closure", exc)
                 raise
             try:
-                clock.record((EXIT, False, now()))
+                clock.record(now())
             except Exception as exc:
                 fault("optimizer.closure", exc)
             return result
@@ -350,7 +351,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             if live is not None:
                 live[0] = False
             try:
-                clock.record((EXIT, False, now()))
+                clock.record(now())
             except Exception as exc:
                 fault("optimizer.step", exc)
             return result

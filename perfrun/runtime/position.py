@@ -46,7 +46,7 @@ def phase_name(kinds: Sequence[int]) -> Optional[str]:
 
 def locate(
     stack: Sequence[Sequence[Any]],
-    pending: Sequence[tuple],
+    pending: Sequence[Any],
     step: int,
     step_open: bool,
     step_start: Optional[float],
@@ -59,6 +59,12 @@ def locate(
     times = [float(e[1]) for e in stack]
     since: Optional[float] = times[-1] if times else step_start
     for ev in pending:
+        if ev.__class__ is float:  # a bare exit (events.py)
+            if kinds:
+                kinds.pop()
+                times.pop()
+            since = ev
+            continue
         code = ev[0]
         if code == ENTER:
             kind, t = int(ev[1]), float(ev[-1])

@@ -33,11 +33,11 @@ Used only while nothing listens to step boundaries or phase edges
 from __future__ import annotations
 
 from array import array
-from itertools import cycle, repeat
-from operator import add, eq, sub
+from itertools import repeat
+from operator import add, eq, is_, sub
 from typing import Any, Callable, Optional
 
-from .events import ENTER, EXIT, FETCHED, signature, time_of
+from .events import ENTER, EXIT, FETCHED, signature, signature_of, time_of, time_of_any
 from .steps import _COLUMN, DATA, FWD, MISSING, WIDTH
 
 #: After a step that does not qualify, how many steps pass before the
@@ -49,16 +49,19 @@ MAX_SKIP = 256
 
 class Pattern:
     """One step of a steady loop: `events`, the signatures of the events
-    after its leading event up to and including the next step's (`lead`),
-    and the row's formula."""
+    after its leading event up to and including the next step's (`lead`;
+    None for a bare exit, events.py), and the row's formula."""
 
-    __slots__ = ("lead", "shape", "events", "k", "terms", "consts", "template")
+    __slots__ = ("lead", "shape", "events", "k", "checks", "terms", "consts", "template")
 
     def __init__(self, lead: tuple, shape: tuple, events: list, row: Any) -> None:
         self.lead = lead
         self.shape = shape
         self.events = events
         self.k = k = len(events)
+        # Each position of a step and what must be there: a bare exit (None)
+        # or a tuple event with this signature.
+        self.checks = list(enumerate(events))
         # Phase columns: (enter, exit) positions in a step's times, where
         # times[0] is the leading event's and times[j] that of events[j-1].
         terms: list[list[tuple[int, int]]] = [[], [], [], []]
@@ -73,18 +76,35 @@ class Pattern:
         self.template = array("d", [0.0] * 6 + list(self.consts) + [MISSING] * (WIDTH - 12))
 
     def count(self, events: list, i: int) -> int:
-        """How many whole steps at `events[i:]` repeat the pattern. Each
-        event's signature is compared as it is made and dropped: nothing
-        held per event."""
-        k, sigs = self.k, self.events
+        """How many whole steps at `events[i:]` repeat the pattern."""
+        k = self.k
         m = (len(events) - i) // k
-        if m == 0 or all(map(eq, map(signature, events[i:i + m * k]), cycle(sigs))):
+        if m == 0 or self.repeats(events, i, m):
             return m
         s = 0
-        while s < m and all(map(eq, map(signature, events[i:i + k]), sigs)):
+        while s < m and self.repeats(events, i, 1):
             s += 1
             i += k
         return s
+
+    def repeats(self, events: list, i: int, m: int) -> bool:
+        """Whether the `m` steps at `events[i:]` all repeat the pattern:
+        checked position by position, each over the m steps at once (a
+        strided slice), so that the loops run in C and a bare exit is
+        checked without a signature made."""
+        k = self.k
+        end = i + m * k
+        try:
+            for j, sig in self.checks:
+                seg = events[i + j:end:k]
+                if sig is None:
+                    if not all(map(is_, map(type, seg), repeat(float))):
+                        return False
+                elif not all(map(eq, map(signature, seg), repeat(sig))):
+                    return False
+        except TypeError:
+            return False  # a bare exit where the pattern has a tuple
+        return True
 
     def rows(self, times: list, m: int, origin: float) -> array:
         """The rows of `m` steps, packed: `times` holds the leading event's
@@ -185,7 +205,7 @@ class SteadyReplay:
             return i
         lead, lead_t, shape = self.lead, self.lead_t, self.shape
         try:
-            self.lead = signature(events[i - 1])
+            self.lead = signature_of(events[i - 1])
             self.lead_t = tracker.start
             self.shape = self._shape()
             if lead is not None and shape is not None and self.shape == shape and lead == self.lead:
@@ -215,7 +235,7 @@ class SteadyReplay:
                  start: int, end: int) -> Optional[Pattern]:
         tracker = self.tracker
         k = end - start
-        steps = list(map(signature, events[start:end]))
+        steps = list(map(signature_of, events[start:end]))
         if k < 2 or k % 2 or not self._top_level(lead, steps):
             return None
         if -1 in (_COLUMN[lead[1]], *(_COLUMN[s[1]] for s in steps[1:-1:2])):
@@ -225,7 +245,7 @@ class SteadyReplay:
             return None  # the writer took the row already
         row = buf[-WIDTH:]
         pattern = Pattern(lead, shape, steps, row)
-        times = [lead_t, *map(time_of, events[start:end])]
+        times = [lead_t, *map(time_of_any, events[start:end])]
         if pattern.rows(times, 1, tracker.origin).tobytes() != row.tobytes():
             return None
         return pattern
@@ -238,11 +258,14 @@ class SteadyReplay:
         if lead[0] != ENTER or (training and not lead[2] and lead[1] in (FWD, DATA)):
             return False
         for j, sig in enumerate(sigs):
-            code = sig[0]
             if j % 2 == 0:
+                if sig is None:
+                    continue  # a bare exit
+                code = sig[0]
                 if not (code == FETCHED or (code == EXIT and not sig[1])):
                     return False
-            elif code != ENTER or (training and not sig[2] and sig[1] in (FWD, DATA)):
+            elif sig is None or sig[0] != ENTER or (
+                    training and not sig[2] and sig[1] in (FWD, DATA)):
                 return False
         return True
 
@@ -250,9 +273,14 @@ class SteadyReplay:
         """Commit the `m` steps at `events[i:]` in bulk and leave the machine
         just past the last one's following lead, as replaying them would."""
         tracker = self.tracker
-        mk = m * pattern.k
-        times = [tracker.start]
-        times += map(time_of, events[i:i + mk])
+        k = pattern.k
+        mk = m * k
+        # times[0] the leading event's, then the m steps' events' in order:
+        # set position by position, a bare exit being its own time.
+        times = [tracker.start] * (mk + 1)
+        for j, sig in pattern.checks:
+            seg = events[i + j:i + mk:k]
+            times[1 + j::k] = seg if sig is None else list(map(time_of, seg))
         tracker.buf.extend(pattern.rows(times, m, tracker.origin))
         tracker.committed += m
         t = times[-1]
