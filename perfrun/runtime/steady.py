@@ -48,16 +48,16 @@ MAX_SKIP = 256
 
 
 class Pattern:
-    """One step of a steady loop: `events`, the signatures of the events
-    after its leading event up to and including the next step's (`lead`;
-    None for a bare exit, events.py), and the row's formula."""
+    """One step of a steady loop, from the signatures of its events after
+    its leading event up to and including the next step's (`lead`; None
+    for a bare exit, events.py): what each position must hold, and the
+    row's formula."""
 
-    __slots__ = ("lead", "shape", "events", "k", "checks", "terms", "consts", "template")
+    __slots__ = ("lead", "shape", "k", "checks", "terms", "consts", "template")
 
     def __init__(self, lead: tuple, shape: tuple, events: list, row: Any) -> None:
         self.lead = lead
         self.shape = shape
-        self.events = events
         self.k = k = len(events)
         # Each position of a step and what must be there: a bare exit (None)
         # or a tuple event with this signature.
