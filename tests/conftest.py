@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,6 +14,15 @@ from typing import Any, Callable, Optional
 import pytest
 
 from perfrun.results import RankResult, RunResults, read_run
+
+# A test run started in the background of a non-interactive shell (`cmd &`)
+# inherits SIGINT ignored, and so would every perfrun and script it starts:
+# the Ctrl-C tests (test_lifecycle.py, test_e2e_process.py) would then see
+# a script that, like `python script.py` started the same way, never gets
+# its KeyboardInterrupt. Python's own handler here means the children start
+# with SIGINT as a terminal gives it (a caught signal is reset on exec).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ---------------------------------------------------------------------------
 # End-to-end runs of real scripts (test_e2e_training.py)
