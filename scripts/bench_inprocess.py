@@ -18,6 +18,8 @@ The kinds of block:
 
 * plain: torch as it is;
 * perfrun: the hooks in place, recording every edge (timer-only);
+* batch-size: the same, as in a run given `--batch-size N`, where the
+  fetch's hook counts no samples (the batch size says how many);
 * off: the hooks in place, switched off once the root search has ended
   (`HookState.block = OFF`, as after a run's end), so that each hooked
   call pays the wrapper's call and one test and nothing else: the share of
@@ -66,7 +68,7 @@ import loader_mlp  # noqa: E402  (workload (d))
 import many_modules  # noqa: E402  (workloads (e) and (f))
 from bench_hotpath import make_agent  # noqa: E402
 
-KINDS = ("plain", "perfrun", "off", "floor")
+KINDS = ("plain", "perfrun", "batch-size", "off", "floor")
 #: Steps at the start of each block left out: the root search runs on the
 #: first outermost module calls (hooks.SEARCH_CALLS), a few steps.
 SKIP = 30
@@ -208,6 +210,8 @@ def run_block(run: Loop, kind: str) -> list[float]:
         undo = install_floor(run.roots)  # type: ignore[attr-defined]
     elif kind != "plain":
         agent = make_agent()
+        if kind == "batch-size":
+            agent.count_samples = False
         undo = hooks.install(torch, agent)
         if kind == "off":
             def switch() -> None:
@@ -278,6 +282,7 @@ def main(argv: list[str]) -> int:
         entry: dict[str, Any] = {"plain_step_us": statistics.median(r[0] for r in plain)}
         print(f"{name}: plain step {entry['plain_step_us']:.1f} us")
         for kind, label in (("perfrun", "perfrun (timer-only) adds"),
+                            ("batch-size", "  with --batch-size N"),
                             ("off", "wrappers switched off add"),
                             ("floor", "the floor's wrappers add")):
             diffs = [k[0] - p[0] for k, p in zip(kinds[kind], plain)]
@@ -288,6 +293,9 @@ def main(argv: list[str]) -> int:
         beyond = spread([a[0] - b[0] for a, b in zip(kinds["perfrun"], kinds["floor"])])
         entry["perfrun_less_floor"] = beyond
         print(f"  {'perfrun less the floor':27s} {fmt(beyond)}")
+        count = spread([a[0] - b[0] for a, b in zip(kinds["perfrun"], kinds["batch-size"])])
+        entry["sample_count"] = count
+        print(f"  {'the sample count':27s} {fmt(count)}")
         if len(plain[0]) > 1:
             entry["calls"] = {}
             for j, call in enumerate(CALLS, start=1):

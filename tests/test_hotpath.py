@@ -379,7 +379,8 @@ def test_the_in_process_benchmark_runs_every_kind_of_block(tmp_path: Path) -> No
     assert set(doc["workloads"]) == {"(d) loader_mlp", "(e) many_modules", "(f) no_submodules"}
     loader = doc["workloads"]["(d) loader_mlp"]
     assert loader["plain_step_us"] > 0
-    assert {"perfrun", "off", "floor", "perfrun_less_floor"} <= set(loader)
+    assert {"perfrun", "batch-size", "off", "floor", "perfrun_less_floor",
+            "sample_count"} <= set(loader)
     assert set(loader["calls"]) == {"fetch", "zero_grad", "model", "loss+backward",
                                     "optimizer.step"}
     assert "median" in doc["submodules_1000"]
