@@ -32,7 +32,7 @@ from perfrun.analysis.advice import (
     sync_stalls,
     unstable_timing,
 )
-from perfrun.analysis.summary import model_summary, perf_summary
+from perfrun.analysis.summary import forward_unseen, model_summary, perf_summary
 from perfrun.report import make_console, render_json, render_markdown, render_table
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "adv_loader.py")
@@ -240,6 +240,24 @@ def test_cpu_only_run_with_a_large_others_share() -> None:
             "others_avg": 0.125, "step_avg": 0.5, "steps": 10,
         }
         assert "Others is 25.0% of each step (125 ms of 500 ms; above 20%)" in advice.message
+
+
+def test_an_unseen_forward_in_others_is_not_blamed_on_the_loop() -> None:
+    # A compiled train step: backward and the optimizer timed, the forward
+    # traced into the graph and so in Others with the loop's own Python.
+    unseen = _rows(dataloader=1 / 8, backward=1 / 4, others=1 / 8, calls=(1, 0, 1, 1))
+    assert forward_unseen(model_summary(unseen))
+    assert cpu_bound(_inputs(unseen)) == []
+    [advice] = cpu_bound(_inputs(unseen, uses_gpu=True, device=_device((50.0, 90.0))))
+    assert "GPU0 50.0%" in advice.message and "Others" not in advice.message
+    assert "others_ratio" not in advice.evidence
+    # The same steps with their forward seen: Others is the loop's own.
+    seen = _rows(dataloader=1 / 8, forward=1 / 8, backward=1 / 8, others=1 / 8)
+    assert not forward_unseen(model_summary(seen))
+    assert [a.kind for a in cpu_bound(_inputs(seen))] == ["cpu-bound"]
+    # Steps that never trained, and no steps at all, have no forward to miss.
+    assert not forward_unseen(model_summary(_rows(dataloader=1 / 8, calls=(1, 0, 0, 0))))
+    assert not forward_unseen(None)
 
 
 def test_cpu_only_run_below_the_others_threshold() -> None:

@@ -305,3 +305,18 @@ def test_render_dispatches_on_format() -> None:
     assert "Perf Summary" in table.getvalue()
     with pytest.raises(ValueError, match="unknown report format 'html'"):
         render(report, "html", io.StringIO())
+
+
+def test_steps_that_trained_with_no_forward_timed_say_why() -> None:
+    """A model called inside a compiled function is traced, never timed:
+    the report says where its forward went rather than leave Forward at 0
+    unexplained."""
+    from perfrun.analysis.summary import FORWARD_UNSEEN
+
+    rows = make_rows([dict(dataloader=MS, backward=2 * MS, optimization=MS, others=3 * MS,
+                           calls=(1, 0, 1, 1))] * 8)
+    report = build_report(make_run([make_rank(rows)]), warmup=0)
+    assert FORWARD_UNSEEN in report.notes
+    assert FORWARD_UNSEEN in render_markdown(report)
+    seen = make_rows([dict(dataloader=MS, forward=MS, backward=2 * MS, optimization=MS)] * 8)
+    assert FORWARD_UNSEEN not in build_report(make_run([make_rank(seen)]), warmup=0).notes

@@ -21,7 +21,9 @@ Thresholds (module constants, so tests and readers see one value):
   Others + Dataloader: the DataLoader's share already has its own rule, and
   counting it twice would send the reader after the same milliseconds under
   two names. Others is what is left of the loop itself: Python between the
-  calls, logging, metrics, conversions.
+  calls, logging, metrics, conversions; except when the steps trained but
+  timed no forward (the model ran inside a compiled function), when Others
+  holds the forward too and the rule does not judge it.
 * GPU-bound: a GPU the run used averaged over 90% utilisation.
 * Synchronisation stalls: any synchronisation per step in a detailed window
   that recorded GPU activity (on a CPU, reading a value stalls nothing).
@@ -51,6 +53,7 @@ from perfrun.analysis.summary import (
     ModelSummary,
     MultiRankSummary,
     PerfSummary,
+    forward_unseen,
 )
 
 if TYPE_CHECKING:
@@ -418,7 +421,7 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
             f"average GPU utilisation below {GPU_UTIL_LOW:g}%: "
             f"{_gpu_names(low, several_hosts)}; the GPU waits for the host to give it work."
         )
-        if others is not None:
+        if others is not None and not forward_unseen(inp.model):
             share, avg, step_avg = others
             evidence.update(others_ratio=share, others_avg=avg, step_avg=step_avg)
             message += (
@@ -432,7 +435,9 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
             "move per-step logging and metrics off the critical path",
         )
         return [Advice("cpu-bound", message, evidence, actions)]
-    if not _cpu_only(inp) or others is None:
+    if not _cpu_only(inp) or others is None or forward_unseen(inp.model):
+        # (An unseen forward is in Others: its share says nothing of the
+        # loop's own Python; the report's notes say why.)
         return []
     share, avg, step_avg = others
     if not share > OTHERS_SHARE_LIMIT:

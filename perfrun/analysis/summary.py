@@ -369,6 +369,30 @@ class ModelSummary:
         }
 
 
+#: Said when the counted steps trained but timed no forward (forward_unseen).
+FORWARD_UNSEEN = (
+    "no forward was timed in the counted steps, though they trained: the model ran "
+    "where perfrun times no module call (inside a function given to torch.compile, or "
+    "not called as an nn.Module), so its forward is counted in Others; a model compiled "
+    "itself (torch.compile(model), model.compile()) is timed as Forward"
+)
+
+
+def forward_unseen(model: Optional[ModelSummary]) -> bool:
+    """The counted steps trained (a backward or an optimizer step was timed)
+    yet timed no forward. The model then ran where perfrun times no module
+    call, most often inside a function given to torch.compile: Dynamo traces
+    the model's call there, and a traced call is never timed (hooks.py). Its
+    forward is then in Others, which is no longer the loop's own Python
+    alone, and the report must say so rather than blame the loop."""
+    if model is None or not model.steps:
+        return False
+    calls = {row.name: row.calls or 0 for row in model.rows}
+    return calls.get("Forward", 0) == 0 and (
+        calls.get("Backward", 0) > 0 or calls.get("Optimization", 0) > 0
+    )
+
+
 def _ratio(part: Optional[float], whole: Optional[float]) -> Optional[float]:
     if part is None or whole is None or whole <= 0.0:
         return None
@@ -1183,6 +1207,8 @@ def build_report(
                 f"all {_steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
                 "or the detailed window: nothing left to summarise (lower --warmup)"
             )
+        if forward_unseen(report.model):
+            report.notes.append(FORWARD_UNSEEN)
         report.flops = _flops(ref, ranks, counted, settings, report)
         if report.model.overshoot_steps:
             report.notes.append(

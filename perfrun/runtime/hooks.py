@@ -25,11 +25,17 @@ Rules every wrapper follows:
   forward, in a fetch (transform modules) or in a backward (activation
   recomputation) pass straight through.
 * torch.compile never sees perfrun: Dynamo inlines a module's `__call__` (so,
-  ours) when it traces a module call, and would guard on whatever the
-  wrapper reads. The wrapper's first test is `is_dynamo_compiling()`, which
-  Dynamo folds to True without a guard and which is False in eager code, so
-  a traced call goes straight to the original and perfrun adds no guard and
-  no recompile.
+  ours) when it traces a module call, and any other hooked call a compiled
+  function makes (`zero_grad`, `backward`, `optimizer.step` in a compiled
+  train step); it would guard on whatever a wrapper reads, and break the
+  graph at the thread check (a builtin it cannot trace). Every wrapper's
+  first test is `is_dynamo_compiling()`, which Dynamo folds to True without
+  a guard and which is False in eager code, so a traced call goes straight
+  to the original. And no wrapper's own frame is ever compiled
+  (`skip_frame`): a hooked call that runs eagerly inside a compiled region
+  (after a graph break) would otherwise be compiled as user code, one more
+  frame and graph break than the script has. So perfrun adds no guard, no
+  recompile and no graph break; a call traced into a graph is not timed.
 * FLOPs (flops.py): on the one step perfrun counts, `state.flops` is set
   and forward, backward and `optimizer.step` hand their call to it; on every
   other step that read, and a test for None, is all it costs.
@@ -144,7 +150,9 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
         if original is None or is_wrapped(original):
             return
-        setattr(owner, name, _mark(make(original), original))
+        wrapper = make(original)
+        skip_frame(wrapper)
+        setattr(owner, name, _mark(wrapper, original))
         undo.append((owner, name, original))
 
     roots_seen = agent.roots.ids
@@ -212,7 +220,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     # -- backward ---------------------------------------------------------------
     def make_backward(orig: Callable) -> Callable:
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if state.block >= OFF or get_ident() != main:
+            if compiling() or state.block >= OFF or get_ident() != main:
                 return orig(*args, **kwargs)
             state.block += 1
             state.backward += 1
@@ -255,7 +263,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     def make_phase(kind: int, where: str) -> Callable[[Callable], Callable]:
         def make(orig: Callable) -> Callable:
             def phase(*args: Any, **kwargs: Any) -> Any:
-                if state.block >= OFF or get_ident() != main:
+                if compiling() or state.block >= OFF or get_ident() != main:
                     return orig(*args, **kwargs)
                 try:
                     t = now()
@@ -288,7 +296,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         optimizer keeping it) pass straight through."""
 
         def closure_call(*args: Any, **kwargs: Any) -> Any:
-            if not live[0] or state.block >= OFF or get_ident() != main:
+            if compiling() or not live[0] or state.block >= OFF or get_ident() != main:
                 return closure(*args, **kwargs)
             try:
                 t = now()
@@ -313,9 +321,11 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
         return closure_call
 
+    skip_frame(timed_closure(_never, [False]))
+
     def make_step(orig: Callable) -> Callable:
         def step(*args: Any, **kwargs: Any) -> Any:
-            if state.block >= OFF or get_ident() != main:
+            if compiling() or state.block >= OFF or get_ident() != main:
                 return orig(*args, **kwargs)
             live = None
             try:
@@ -396,7 +406,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     def make_next(orig_next: Callable) -> Callable:
         def __next__(self: Any) -> Any:
-            if state.block >= OFF or get_ident() != main:
+            if compiling() or state.block >= OFF or get_ident() != main:
                 return orig_next(self)
             state.block += 1
             try:
@@ -453,7 +463,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     def make_iter(orig_iter: Callable) -> Callable:
         def __iter__(self: Any) -> Any:
-            if state.block >= OFF or get_ident() != main:
+            if compiling() or state.block >= OFF or get_ident() != main:
                 return orig_iter(self)
             try:
                 note_loader(self, is_grad_enabled())
