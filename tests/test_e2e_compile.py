@@ -124,3 +124,40 @@ def test_a_compiled_train_step_gets_no_graph_break_guard_or_recompile(
         assert calls["Forward"] == 0 and calls["Backward"] == calls["ProfileStep"] > 0
         assert any(note.startswith("no forward was timed") for note in report["notes"])
         assert "cpu-bound" not in [a["kind"] for a in report["advice"]]
+
+
+CALLS_SCRIPT = str(Path(__file__).parent / "scripts" / "calls_compiled.py")
+
+
+def test_a_timed_model_called_inside_a_compiled_function_compiles_the_same_graphs(
+    run_perfrun: RunPerfrun, tmp_path: Path
+) -> None:
+    """A model perfrun times (its class has perfrun's `__call__`) called
+    inside a compiled function, and a compiled optimizer step: Dynamo traces
+    through perfrun's `__call__` where it would take its shortcut to
+    `forward`, which costs guards (on the wrapper's code and torch's
+    `_call_impl` path: documented in hooks.py), but the graphs, graph breaks
+    and recompiles are the script's own."""
+    import subprocess
+    import sys
+
+    env = env_with_logs()
+    env["TORCH_LOGS"] = "recompiles,graph_breaks"
+    plain = subprocess.run([sys.executable, CALLS_SCRIPT], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    expected = dynamo_log(plain.stderr)
+    counts = dynamo_counts(plain.stdout)
+    assert counts["graphs"] >= 3
+    for options in ([], ["--timer-only"]):
+        run = run_perfrun(*options, CALLS_SCRIPT, env=env, timeout=300)
+        assert run.returncode == 0, run.describe()
+        assert dynamo_counts(run.out) == counts, options
+        assert dynamo_log(run.err) == expected, (options, run.err[-3000:])
+        assert (run.err.count("Graph break in user code")
+                == plain.stderr.count("Graph break in user code")), options
+        assert run.rank0().data["faults"] == []
+        calls = {row["name"]: row["calls"] for row in run.report()["model"]["rows"]}
+        # The eager model and the compiled loss module each step; zero_grad
+        # and the compiled optimizer step.
+        assert calls["Forward"] == calls["Optimization"] == 2 * calls["ProfileStep"] > 0

@@ -36,6 +36,13 @@ Rules every wrapper follows:
   (after a graph break) would otherwise be compiled as user code, one more
   frame and graph break than the script has. So perfrun adds no guard, no
   recompile and no graph break; a call traced into a graph is not timed.
+  One case still costs guards: a model whose class perfrun times (it was
+  called eagerly first) called inside a compiled function that is not its
+  own compilation. Dynamo goes straight to `forward` only for a class whose
+  `__call__` is torch's; here it traces perfrun's `__call__` and torch's
+  `_call_impl`, which compiles the same graph with the same graph breaks
+  and recompiles, plus about seven identity guards (on the wrapper's code
+  and that path; tests/test_e2e_compile.py).
 * FLOPs (flops.py): on the one step perfrun counts, `state.flops` is set
   and forward, backward and `optimizer.step` hand their call to it; on every
   other step that read, and a test for None, is all it costs.
