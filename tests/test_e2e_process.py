@@ -420,6 +420,27 @@ def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) ->
     assert [d["num_workers"] for d in data["dataloaders"]] == [2]
 
 
+def test_training_in_processes_the_script_spawns_is_named_not_silent(tmp_path: Path) -> None:
+    """`mp.spawn(train, nprocs=2)`: the children are not ranks (their
+    environment loses perfrun's variables, as DataLoader workers' does), so
+    nothing of theirs is recorded; the report says they were started, and
+    how to profile them, instead of only "no training loop was seen"."""
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), str(SCRIPTS / "proc_mp_spawn.py"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "worker 0 trained 5 steps" in result.stdout
+    assert "worker 1 trained 5 steps" in result.stdout
+    run_dir = run_dir_of(log)
+    assert sorted(p.name for p in run_dir.glob("rank*.json")) == ["rank0.json"]
+    data = rank_data(run_dir)
+    assert data["faults"] == []
+    [note] = [n for n in data["notes"] if "torch.multiprocessing" in n]
+    assert note.startswith("the script started 2 process(es) with torch.multiprocessing (train)")
+    assert "perfrun --nproc-per-node 2 " in note
+    assert "no PyTorch training loop was seen" in result.stdout
+    assert "the script started 2 process(es) with torch.multiprocessing" in result.stdout
+
+
 # -- expected errors: one line, a documented status --------------------------------------------
 
 

@@ -48,6 +48,7 @@ def make_agent(timer_only: bool) -> SimpleNamespace:
         roots=RootTracker(),
         count_samples=True,
         note_dataloader=lambda loader, grad=True: None,
+        note_spawn=lambda fn, nprocs: None,
     )
 
 

@@ -507,6 +507,32 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         return compile
 
     patch(torch, "compile", make_compile)
+
+    # -- processes the script starts itself (mp.spawn) -----------------------------
+    note_spawn = agent.note_spawn
+
+    def make_start(orig_start: Callable) -> Callable:
+        def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                nprocs = kwargs.get("nprocs", args[1] if len(args) > 1 else 1)
+                note_spawn(fn, nprocs)
+            except Exception as exc:
+                fault("multiprocessing.start_processes", exc)
+            return orig_start(fn, *args, **kwargs)
+
+        return start_processes
+
+    # `spawn` calls the `start_processes` of its own module; the package
+    # re-exports the function for direct callers.
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")
+    if spawn_module is not None:
+        patch(spawn_module, "start_processes", make_start)
+    multiprocessing = getattr(torch, "multiprocessing", None)
+    if multiprocessing is not None and spawn_module is not None:
+        wrapped = spawn_module.__dict__.get("start_processes")
+        if getattr(multiprocessing, "start_processes", None) is getattr(wrapped, _MARK, None):
+            multiprocessing.start_processes = wrapped
+            undo.append((multiprocessing, "start_processes", getattr(wrapped, _MARK)))
     return undo
 
 
