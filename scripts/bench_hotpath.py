@@ -68,7 +68,7 @@ def make_agent() -> SimpleNamespace:
         hooks_state=HookState(), tracker=tracker, phase_clock=phase_clock,
         clock=BufferedClock(phase_clock), record_fault=lambda where, exc: None,
         roots=RootTracker(), count_samples=True, note_dataloader=lambda loader, grad=True: None,
-        note_spawn=lambda fn, nprocs: None,
+        note_once=lambda note: None,
     )
 
 

@@ -441,6 +441,22 @@ def test_training_in_processes_the_script_spawns_is_named_not_silent(tmp_path: P
     assert "the script started 2 process(es) with torch.multiprocessing" in result.stdout
 
 
+def test_training_on_a_thread_of_the_scripts_is_named_not_silent(tmp_path: Path) -> None:
+    """perfrun times the script's main thread: a script that trains on
+    another thread records no step, and the report says where they ran."""
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), str(SCRIPTS / "proc_thread_train.py"),
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "trained on a thread" in result.stdout
+    data = rank_data(run_dir_of(log))
+    assert data["faults"] == []
+    assert any(n.startswith("optimizer steps ran on a thread other than the script's main "
+                            "thread (trainer)") for n in data["notes"]), data["notes"]
+    assert "no PyTorch training loop was seen" in result.stdout
+    assert "(trainer)" in result.stdout
+
+
 # -- expected errors: one line, a documented status --------------------------------------------
 
 

@@ -159,7 +159,7 @@ def make_agent() -> SimpleNamespace:
         faults=faults, record_fault=lambda where, exc: faults.append(f"{where}: {exc}"),
         roots=RootTracker(), count_samples=True,
         note_dataloader=lambda loader, grad=True: None,
-        note_spawn=lambda fn, nprocs: None,
+        note_once=lambda note: None,
     )
     return agent
 

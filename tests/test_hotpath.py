@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from perfrun.runtime import hooks
 from perfrun.runtime.clock import BufferedClock, PhaseClock
+from perfrun.runtime.events import OPTIM
 from perfrun.runtime.hooks import SEARCH_CALLS, HookState
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import StepTracker
@@ -48,7 +49,7 @@ def make_agent(timer_only: bool) -> SimpleNamespace:
         roots=RootTracker(),
         count_samples=True,
         note_dataloader=lambda loader, grad=True: None,
-        note_spawn=lambda fn, nprocs: None,
+        note_once=lambda note: None,
     )
 
 
@@ -245,6 +246,33 @@ def test_install_and_uninstall_leave_torch_as_it_was() -> None:
     assert not hooks.is_wrapped(torch.autograd.backward)
     assert not hooks.is_wrapped(torch.optim.Optimizer.zero_grad)
     assert not hooks.is_wrapped(torch.compile)
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]
+    assert not hooks.is_wrapped(spawn_module.start_processes)
+    assert torch.multiprocessing.start_processes is spawn_module.start_processes
+
+
+def test_steps_on_another_thread_are_not_timed_but_said() -> None:
+    """perfrun times the thread that runs the script: a thread of the
+    script's that trains adds no event, only a note, once."""
+    import threading
+
+    agent = make_agent(timer_only=True)
+    notes: list[str] = []
+    agent.note_once = lambda note: notes.append(note) if note not in notes else None
+    undo = hooks.install(torch, agent)
+    try:
+        thread = threading.Thread(target=train, args=(Net(blocks=1), 3), name="trainer")
+        thread.start()
+        thread.join()
+        # No edge: only the optimizer's construction, which any thread's counts.
+        assert agent.clock.buf == [(OPTIM,)] and agent.faults == []
+        assert notes == [hooks.thread_note("trainer")]
+        assert "(trainer)" in notes[0]
+        # The same script's own steps, on its main thread, are timed.
+        train(Net(blocks=1), 2)
+        assert agent.clock.buf and notes == [hooks.thread_note("trainer")]
+    finally:
+        hooks.uninstall(undo)
 
 
 # -- the timer-only path ------------------------------------------------------------------

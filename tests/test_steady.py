@@ -291,7 +291,7 @@ def recorded(loop: Callable[[], None]) -> list[Any]:
         hooks_state=HookState(), tracker=tracker, phase_clock=phase_clock, clock=clock,
         record_fault=lambda where, exc: faults.append((where, exc)), roots=RootTracker(),
         count_samples=True, note_dataloader=lambda loader, grad=True: None,
-        note_spawn=lambda fn, nprocs: None,
+        note_once=lambda note: None,
     )
     undo = hooks.install(torch, agent)
     try:

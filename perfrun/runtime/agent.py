@@ -435,24 +435,10 @@ class Agent:
         else:
             entry[0] += 1
 
-    def note_spawn(self, fn: Any, nprocs: Any) -> None:
-        """The script started processes of its own with torch.multiprocessing
-        (`mp.spawn(train, nprocs=N)`, the DDP tutorials' launcher). perfrun
-        profiles the process it starts, or each rank torchrun starts: every
-        child's environment loses perfrun's variables, or each DataLoader
-        worker would be a rank. A run that trains only in such children
-        would then say "no training loop was seen" and not why; this note
-        says why, and how to profile them."""
-        name = getattr(fn, "__qualname__", None) or type(fn).__name__
-        script = sys.argv[0] if sys.argv and sys.argv[0] else "SCRIPT"
-        note = (
-            f"the script started {nprocs} process(es) with torch.multiprocessing ({name}): "
-            "perfrun profiles the process it starts (or each rank torchrun starts), not "
-            "processes the script spawns, so what they ran is not in these results; to "
-            f"profile each of them, start them with torchrun: perfrun --nproc-per-node "
-            f"{nprocs} {script}, the script taking its rank from the RANK and WORLD_SIZE "
-            "environment variables"
-        )
+    def note_once(self, note: str) -> None:
+        """A note for the report, said once however often its cause recurs
+        (hooks.py: training perfrun cannot see, in processes the script
+        spawns or on threads other than the script's)."""
         if note not in self.notes:
             self.notes.append(note)
 

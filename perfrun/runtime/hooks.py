@@ -162,6 +162,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         setattr(owner, name, _mark(wrapper, original))
         undo.append((owner, name, original))
 
+    note_once = agent.note_once
     roots_seen = agent.roots.ids
     see_root = agent.roots.see
     compiling = dynamo_compiling(torch)
@@ -332,7 +333,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     def make_step(orig: Callable) -> Callable:
         def step(*args: Any, **kwargs: Any) -> Any:
-            if compiling() or state.block >= OFF or get_ident() != main:
+            if compiling() or state.block >= OFF:
+                return orig(*args, **kwargs)
+            if get_ident() != main:
+                # Training on a thread of its own: not timed, but said.
+                try:
+                    note_once(thread_note(threading.current_thread().name))
+                except Exception as exc:
+                    fault("optimizer.step", exc)
                 return orig(*args, **kwargs)
             live = None
             try:
@@ -509,13 +517,11 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     patch(torch, "compile", make_compile)
 
     # -- processes the script starts itself (mp.spawn) -----------------------------
-    note_spawn = agent.note_spawn
-
     def make_start(orig_start: Callable) -> Callable:
         def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 nprocs = kwargs.get("nprocs", args[1] if len(args) > 1 else 1)
-                note_spawn(fn, nprocs)
+                note_once(spawn_note(fn, nprocs, sys.argv[0] if sys.argv else ""))
             except Exception as exc:
                 fault("multiprocessing.start_processes", exc)
             return orig_start(fn, *args, **kwargs)
@@ -690,6 +696,36 @@ class RootFinder:
             if kept is not None and getattr(kept, "unpatched_nn_module_call", None) is old:
                 kept.unpatched_nn_module_call = new
         return True
+
+
+def spawn_note(fn: Any, nprocs: Any, script: str) -> str:
+    """What the report says of `torch.multiprocessing.start_processes(fn,
+    nprocs=...)` (and `spawn`, which calls it): the DDP tutorials' launcher.
+    perfrun profiles the process it starts, or each rank torchrun starts:
+    every child's environment loses perfrun's variables, or each DataLoader
+    worker would be a rank. A run that trains only in such children would
+    say "no training loop was seen" and not why."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return (
+        f"the script started {nprocs} process(es) with torch.multiprocessing ({name}): "
+        "perfrun profiles the process it starts (or each rank torchrun starts), not "
+        "processes the script spawns, so what they ran is not in these results; to "
+        f"profile each of them, start them with torchrun: perfrun --nproc-per-node "
+        f"{nprocs} {script or 'SCRIPT'}, the script taking its rank from the RANK and "
+        "WORLD_SIZE environment variables"
+    )
+
+
+def thread_note(thread: str) -> str:
+    """What the report says when optimizer steps run on a thread other than
+    the one that runs the script: perfrun times that one thread (another
+    thread's calls would interleave with its steps), so a script that
+    trains on a thread of its own would say "no training loop was seen"
+    and not why."""
+    return (
+        f"optimizer steps ran on a thread other than the script's main thread ({thread}): "
+        "perfrun times the steps of the main thread only, so those are not in these results"
+    )
 
 
 def dynamo_compiling(torch: Any) -> Callable[[], bool]:
