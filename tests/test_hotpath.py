@@ -244,6 +244,7 @@ def test_install_and_uninstall_leave_torch_as_it_was() -> None:
     assert "__call__" not in Net.__dict__
     assert "__call__" not in nn.CrossEntropyLoss.__dict__
     assert not hooks.is_wrapped(torch.autograd.backward)
+    assert not hooks.is_wrapped(torch.autograd.grad)
     assert not hooks.is_wrapped(torch.optim.Optimizer.zero_grad)
     assert not hooks.is_wrapped(torch.compile)
     spawn_module = sys.modules["torch.multiprocessing.spawn"]
@@ -324,6 +325,27 @@ def test_timer_only_steps_match_the_live_clock() -> None:
         rows.append([row[7:11] for row in agent.tracker.rows])
     assert rows[0] == rows[1]
     assert len(rows[0]) == 6
+
+
+def test_gradients_taken_with_autograd_grad_are_backward(agent: SimpleNamespace) -> None:
+    """Functional training: `torch.autograd.grad` instead of `backward`,
+    gradients set by hand. Its time is Backward, once a step, not Others."""
+    model = Net(blocks=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
+    for _ in range(4):
+        loss = nn.functional.cross_entropy(model(x), y)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        for param, grad in zip(model.parameters(), grads):
+            param.grad = grad
+        optimizer.step()
+    agent.clock.drain()
+    agent.tracker.finish(agent.phase_clock.now())
+    rows = agent.tracker.rows
+    assert len(rows) == 4
+    # Calls per step: no fetch; forward, backward, optimization once each.
+    assert [row[7:11] for row in rows] == [[0, 1, 1, 1]] * 4
+    assert all(row[4] > 0 for row in rows)  # Backward time
 
 
 # -- torch.compile ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The torch patches: DataLoader iterator, module forward, backward,
-optimizer step / zero_grad, GradScaler.
+"""The torch patches: DataLoader iterator, module forward, backward (and
+autograd.grad), optimizer step / zero_grad, GradScaler.
 
 Rules every wrapper follows:
 
@@ -264,8 +264,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         return backward
 
     # Tensor.backward calls torch.autograd.backward through the module
-    # attribute, so this one patch sees both spellings.
+    # attribute, so this one patch sees both spellings. torch.autograd.grad
+    # is the same engine run for gradients returned rather than stored
+    # (functional training, gradient penalties, meta-learning): Backward
+    # too, not Others.
     patch(torch.autograd, "backward", make_backward)
+    patch(torch.autograd, "grad", make_backward)
 
     # -- optimizer: step, zero_grad, construction --------------------------------
     def make_phase(kind: int, where: str) -> Callable[[Callable], Callable]:
