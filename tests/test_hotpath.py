@@ -262,11 +262,13 @@ def test_steps_on_another_thread_are_not_timed_but_said() -> None:
     agent.note_once = lambda note: notes.append(note) if note not in notes else None
     undo = hooks.install(torch, agent)
     try:
-        thread = threading.Thread(target=train, args=(Net(blocks=1), 3), name="trainer")
-        thread.start()
-        thread.join()
-        # No edge: only the optimizer's construction, which any thread's counts.
-        assert agent.clock.buf == [(OPTIM,)] and agent.faults == []
+        for name in ("trainer", "another"):
+            thread = threading.Thread(target=train, args=(Net(blocks=1), 3), name=name)
+            thread.start()
+            thread.join()
+        # No edge: only the optimizers' construction, which any thread's counts.
+        assert agent.clock.buf == [(OPTIM,), (OPTIM,)] and agent.faults == []
+        # One note, for the first such thread: a script may start many.
         assert notes == [hooks.thread_note("trainer")]
         assert "(trainer)" in notes[0]
         # The same script's own steps, on its main thread, are timed.

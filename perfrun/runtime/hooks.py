@@ -335,16 +335,21 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     skip_frame(timed_closure(_never, [False]))
 
+    other_threads: list[str] = []
+
     def make_step(orig: Callable) -> Callable:
         def step(*args: Any, **kwargs: Any) -> Any:
             if compiling() or state.block >= OFF:
                 return orig(*args, **kwargs)
             if get_ident() != main:
-                # Training on a thread of its own: not timed, but said.
-                try:
-                    note_once(thread_note(threading.current_thread().name))
-                except Exception as exc:
-                    fault("optimizer.step", exc)
+                # Training on a thread of its own: not timed, but said (for
+                # the first such thread only: a script may start many).
+                if not other_threads:
+                    try:
+                        other_threads.append(threading.current_thread().name)
+                        note_once(thread_note(other_threads[0]))
+                    except Exception as exc:
+                        fault("optimizer.step", exc)
                 return orig(*args, **kwargs)
             live = None
             try:
