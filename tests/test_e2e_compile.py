@@ -91,6 +91,37 @@ def dynamo_counts(stdout: str) -> dict:
     return json.loads(line[len("DYNAMO "):])
 
 
+def same_dynamo_as_python(run_perfrun: RunPerfrun, tmp_path: Path, script: str, logs: str,
+                          option_sets: list[list[str]]) -> tuple[dict, list]:
+    """Run `script` under python, then under perfrun with each of
+    `option_sets`, all with TORCH_LOGS=`logs`, and check that Dynamo counted
+    and logged the same under perfrun (its counters, its guard and recompile
+    lines, its graph breaks) and that perfrun recorded no fault. Returns the
+    counters of the python run and the perfrun runs, for the caller's own
+    checks."""
+    import subprocess
+    import sys
+
+    env = env_with_logs()
+    env["TORCH_LOGS"] = logs
+    plain = subprocess.run([sys.executable, script], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    expected = dynamo_log(plain.stderr)
+    breaks = plain.stderr.count("Graph break in user code")
+    counts = dynamo_counts(plain.stdout)
+    runs = []
+    for options in option_sets:
+        run = run_perfrun(*options, script, env=env, timeout=300)
+        assert run.returncode == 0, run.describe()
+        assert dynamo_counts(run.out) == counts, options
+        assert dynamo_log(run.err) == expected, (options, run.err[-3000:])
+        assert run.err.count("Graph break in user code") == breaks, options
+        assert run.rank0().data["faults"] == []
+        runs.append(run)
+    return counts, runs
+
+
 def test_a_compiled_train_step_gets_no_graph_break_guard_or_recompile(
     run_perfrun: RunPerfrun, tmp_path: Path
 ) -> None:
@@ -100,25 +131,11 @@ def test_a_compiled_train_step_gets_no_graph_break_guard_or_recompile(
     frames must not be compiled). Everything Dynamo counts and logs is the
     same as under plain python; the forward, traced into the graph, is not
     timed, and the report says so instead of blaming the loop for Others."""
-    import subprocess
-    import sys
-
-    env = env_with_logs()
-    env["TORCH_LOGS"] = "recompiles,guards,graph_breaks"
-    plain = subprocess.run([sys.executable, STEP_SCRIPT], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 0, plain.stderr
-    expected = dynamo_log(plain.stderr)
-    expected_breaks = plain.stderr.count("Graph break in user code")
-    counts = dynamo_counts(plain.stdout)
-    assert expected_breaks >= 2 and counts["graph_breaks"] >= 2  # the script's own
-    for options in ([], ["--timer-only"], ["--scheduler", "3", "6"]):
-        run = run_perfrun(*options, STEP_SCRIPT, env=env, timeout=300)
-        assert run.returncode == 0, run.describe()
-        assert dynamo_counts(run.out) == counts, options
-        assert dynamo_log(run.err) == expected, (options, run.err[-3000:])
-        assert run.err.count("Graph break in user code") == expected_breaks, options
-        assert run.rank0().data["faults"] == []
+    counts, runs = same_dynamo_as_python(
+        run_perfrun, tmp_path, STEP_SCRIPT, "recompiles,guards,graph_breaks",
+        [[], ["--timer-only"], ["--scheduler", "3", "6"]])
+    assert counts["graph_breaks"] >= 2  # the script's own
+    for run in runs:
         report = run.report()
         calls = {row["name"]: row["calls"] for row in report["model"]["rows"]}
         assert calls["Forward"] == 0 and calls["Backward"] == calls["ProfileStep"] > 0
@@ -138,25 +155,10 @@ def test_a_timed_model_called_inside_a_compiled_function_compiles_the_same_graph
     `forward`, which costs guards (on the wrapper's code and torch's
     `_call_impl` path: documented in hooks.py), but the graphs, graph breaks
     and recompiles are the script's own."""
-    import subprocess
-    import sys
-
-    env = env_with_logs()
-    env["TORCH_LOGS"] = "recompiles,graph_breaks"
-    plain = subprocess.run([sys.executable, CALLS_SCRIPT], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 0, plain.stderr
-    expected = dynamo_log(plain.stderr)
-    counts = dynamo_counts(plain.stdout)
+    counts, runs = same_dynamo_as_python(
+        run_perfrun, tmp_path, CALLS_SCRIPT, "recompiles,graph_breaks", [[], ["--timer-only"]])
     assert counts["graphs"] >= 3
-    for options in ([], ["--timer-only"]):
-        run = run_perfrun(*options, CALLS_SCRIPT, env=env, timeout=300)
-        assert run.returncode == 0, run.describe()
-        assert dynamo_counts(run.out) == counts, options
-        assert dynamo_log(run.err) == expected, (options, run.err[-3000:])
-        assert (run.err.count("Graph break in user code")
-                == plain.stderr.count("Graph break in user code")), options
-        assert run.rank0().data["faults"] == []
+    for run in runs:
         calls = {row["name"]: row["calls"] for row in run.report()["model"]["rows"]}
         # The eager model and the compiled loss module each step; zero_grad
         # and the compiled optimizer step.

@@ -9,9 +9,8 @@ untraceable, and backward). Prints Dynamo's own counters on its last line,
 `DYNAMO {...}`, for the tests to compare with and without perfrun.
 """
 
-import json
-
 import torch
+from dynamo_counters import print_counters
 from torch import nn
 
 
@@ -36,13 +35,7 @@ def main() -> None:
         for x, y in loader:
             train_step(x, y)
 
-    from torch._dynamo.utils import counters
-
-    print("DYNAMO " + json.dumps({
-        "graphs": counters["stats"]["unique_graphs"],
-        "calls_captured": counters["stats"]["calls_captured"],
-        "graph_breaks": sum(counters["graph_break"].values()),
-    }, sort_keys=True))
+    print_counters()
 
 
 if __name__ == "__main__":
