@@ -542,12 +542,12 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")
     if spawn_module is not None:
         patch(spawn_module, "start_processes", make_start)
-    multiprocessing = getattr(torch, "multiprocessing", None)
-    if multiprocessing is not None and spawn_module is not None:
         wrapped = spawn_module.__dict__.get("start_processes")
-        if getattr(multiprocessing, "start_processes", None) is getattr(wrapped, _MARK, None):
-            multiprocessing.start_processes = wrapped
-            undo.append((multiprocessing, "start_processes", getattr(wrapped, _MARK)))
+        package = getattr(torch, "multiprocessing", None)
+        if is_wrapped(wrapped) and getattr(package, "start_processes", None) is getattr(
+                wrapped, _MARK):
+            package.start_processes = wrapped
+            undo.append((package, "start_processes", getattr(wrapped, _MARK)))
     return undo
 
 
