@@ -163,3 +163,24 @@ def test_a_timed_model_called_inside_a_compiled_function_compiles_the_same_graph
         # The eager model and the compiled loss module each step; zero_grad
         # and the compiled optimizer step.
         assert calls["Forward"] == calls["Optimization"] == 2 * calls["ProfileStep"] > 0
+
+
+LIGHTNING_SCRIPT = str(Path(__file__).parent / "scripts" / "lightning_compiled.py")
+
+
+def test_lightning_with_a_compiled_model_is_not_recompiled(
+    run_perfrun: RunPerfrun, tmp_path: Path
+) -> None:
+    """Lightning compiles `training_step` itself, and Dynamo traces
+    `nn.Module.__call__` for `self(x)` there, guarding on the one in place.
+    perfrun's root search, which swaps `nn.Module.__call__` while it runs,
+    ended after a few eager module calls and so failed that guard: one
+    recompile of `training_step` the script never had. Once anything is
+    compiled, the search's `__call__` stays (RootFinder.pin)."""
+    pytest.importorskip("lightning")
+    counts, runs = same_dynamo_as_python(
+        run_perfrun, tmp_path, LIGHTNING_SCRIPT, "recompiles,graph_breaks", [["--timer-only"]])
+    assert counts["graphs"] == 1 and counts["graph_breaks"] == 0
+    [run] = runs
+    assert "STEPS 40" in run.out
+    assert run.rank0().n_steps == 40

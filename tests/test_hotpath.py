@@ -382,6 +382,11 @@ assert "__call__" not in nn.Sequential.__dict__
 assert hooks.is_wrapped(nn.Module.__dict__["__call__"])
 train(model, 3, forward=compiled)
 assert any(type(r).__name__ == "OptimizedModule" for r in agent.roots.alive())
+# Something was compiled: the search's nn.Module.__call__ stays, however
+# many outermost calls go by, so nothing Dynamo guarded on changes.
+train(model, 2 * SEARCH_CALLS, forward=compiled)
+assert hooks.is_wrapped(nn.Module.__dict__["__call__"])
+assert utils.unpatched_nn_module_call is nn.Module.__dict__["__call__"]
 assert agent.faults == [], agent.faults
 hooks.uninstall(undo)
 assert nn.Module.__dict__["__call__"] is utils.unpatched_nn_module_call

@@ -517,6 +517,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             try:
                 if args and isinstance(args[0], module_cls):
                     finder.compiled(args[0])
+                finder.pin()
             except Exception as exc:
                 fault("compile", exc)
             return orig_compile(*args, **kwargs)
@@ -573,6 +574,18 @@ class RootFinder:
     perfrun searches, or after, is traced as it is without perfrun. Where
     someone else has replaced `nn.Module.__call__` since, it is left alone
     (and so is the search).
+
+    Once the script calls `torch.compile`, `nn.Module.__call__` stays the
+    search's for the rest of the run (`pin`). Where Dynamo cannot go
+    straight to `forward` (a module with hooks, or with a `forward` of its
+    own instance, as Lightning sets when it compiles `training_step` and
+    `forward`), it traces `nn.Module.__call__` itself and guards on the one
+    it traced: a search that ended after that, putting torch's back, failed
+    the guard and recompiled the script's function (measured on Lightning
+    with `torch.compile(model)` and one eager module call a step). Pinned,
+    no such guard ever fails. The price: in a script that compiles
+    anything, each eager nested module call passes through the search's
+    wrapper (one test), as during a search.
     """
 
     _DYNAMO = ("torch._dynamo.utils", "torch._dynamo.variables.nn_module")
@@ -593,6 +606,7 @@ class RootFinder:
         self.left = 0  # outermost calls still to watch; 0: not searching
         self.backoff = SEARCH_BACKOFF
         self.searches = 0
+        self.pinned = False  # torch.compile was called: no search ends
         self.discover = _mark(self._make_discover(compiling), self.module_call)
         skip_frame(self.discover)
         skip_frame(self.fallback)
@@ -675,9 +689,18 @@ class RootFinder:
         self.state.due = _ALWAYS
 
     def end(self) -> None:
-        """End the running search: torch's `nn.Module.__call__` is back."""
+        """End the running search: torch's `nn.Module.__call__` is back
+        (unless pinned)."""
         self.left = 0
-        self._set_module_call(self.discover, self.module_call)
+        if not self.pinned:
+            self._set_module_call(self.discover, self.module_call)
+
+    def pin(self) -> None:
+        """The script called `torch.compile`: the search's `nn.Module.__call__`
+        goes in, if it is not in already, and stays (see the class's
+        docstring), so that what Dynamo traces from now on stays valid."""
+        self.search()
+        self.pinned = self.module.__dict__.get("__call__") is self.discover
 
     def watch(self, t: float) -> None:
         """An outermost module call at `t`, past `state.due`: count it against
