@@ -149,11 +149,12 @@ def summarise(
     cost: Optional[Mapping[str, float]] = None,
     host: Optional[str] = None,
     others_used: Optional[Mapping[int, tuple[str, float]]] = None,
+    top: int = TOP_OTHERS,
 ) -> dict[str, Any]:
     """The evidence written to run.json: averages over the run (first to
     last sample), in cores (CPU seconds per second), and what could not be
     read. `others_used`: other processes' CPU seconds during the run
-    (`accumulate_others`)."""
+    (`accumulate_others`), of which the `top` busiest are listed."""
     missing = list(dict.fromkeys(unavailable))
     out: dict[str, Any] = {
         "version": VERSION,
@@ -212,7 +213,7 @@ def summarise(
             "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios),
         }
-    out["top_others"] = top_others(others_used or {}, wall)
+    out["top_others"] = top_others(others_used or {}, wall, top)
     return out
 
 
@@ -255,9 +256,11 @@ class HostLoadSampler:
     """Samples the host from a daemon thread of the launcher, `root` being
     the launcher's own pid (its descendants are the job)."""
 
-    def __init__(self, root: Optional[int] = None, interval: float = INTERVAL) -> None:
+    def __init__(self, root: Optional[int] = None, interval: float = INTERVAL,
+                 top: int = TOP_OTHERS) -> None:
         self.root = os.getpid() if root is None else root
         self.interval = interval
+        self.top = top  # other processes the evidence lists, busiest first
         self.readings: list[Reading] = []
         self.unavailable: list[str] = []
         self._stop = threading.Event()
@@ -301,7 +304,7 @@ class HostLoadSampler:
             readings = list(self.readings)
             used = dict(self._used)
         return summarise(readings, os.cpu_count(), self.unavailable, cost,
-                         socket.gethostname(), used)
+                         socket.gethostname(), used, self.top)
 
     def _note(self, what: str) -> None:
         if what not in self.unavailable:
