@@ -372,9 +372,9 @@ class ModelSummary:
 #: Said when the counted steps trained but timed no forward (forward_unseen).
 FORWARD_UNSEEN = (
     "no forward was timed in the counted steps, though they trained: the model ran "
-    "where perfrun times no module call (inside a function given to torch.compile, or "
-    "not called as an nn.Module), so its forward is counted in Others; a model compiled "
-    "itself (torch.compile(model), model.compile()) is timed as Forward"
+    "where perfrun times no module call, inside code torch.compile traced (a compiled "
+    "function, or the compiled training_step Lightning makes of a compiled "
+    "LightningModule) or not called as an nn.Module, so its forward is counted in Others"
 )
 
 
