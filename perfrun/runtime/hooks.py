@@ -667,8 +667,9 @@ class RootFinder:
         inside the compiled region, and takes torch's shortcut (straight to
         `forward`, the guards of a plain run) only for a class whose
         `__call__` is torch's. So a timing `__call__` of the module's class
-        goes (the compiled wrapper, called at depth 0, is the root to time
-        now), and a search starts to find that wrapper."""
+        goes: the compiled wrapper, called at depth 0, is the root to time
+        now, and the search `pin` starts next (every `torch.compile` pins)
+        finds it."""
         cls = type(module)
         own = cls.__dict__.get("__call__")
         if own is not None and own is not self.discover and is_wrapped(own):
@@ -677,7 +678,6 @@ class RootFinder:
                 delattr(cls, "__call__")
             else:
                 cls.__call__ = original
-        self.search()
 
     def search(self) -> None:
         """Watch the next SEARCH_CALLS outermost module calls for new roots."""
