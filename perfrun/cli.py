@@ -22,21 +22,17 @@ import click
 from . import __version__
 from .exitcodes import ExitCode
 from .settings import (
-    FORMATS,
     SORT_KEYS,
     STEP_ON,
     TIME_UNITS,
     Settings,
     SettingsError,
+    formats,
     load_config,
     parse_override,
 )
 
 COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch", "status")
-#: `report --format`: the report formats, and the self-contained page.
-REPORT_FORMATS = (*FORMATS, "html")
-#: `run --format`: the report formats, and JUnit for a gated run.
-RUN_FORMATS = (*FORMATS, "junit")
 #: Set to 1 to see the traceback of perfrun's own internal errors.
 DEBUG_VARIABLE = "PERFRUN_DEBUG"
 # The only options perfrun reads after the script (its usage line shows
@@ -178,7 +174,7 @@ def _run_options(f: Any) -> Any:
         click.option(
             "--format",
             "fmt",
-            type=click.Choice(RUN_FORMATS),
+            type=click.Choice(formats("run")),
             default=None,
             help="What is printed: table (default), json or markdown; junit with a gate "
             "(--baseline and --max-regression).",
@@ -353,7 +349,7 @@ def run_command(**kwargs: Any) -> int:
 
 @cli.command("report")
 @click.argument("log_dir", default="perfrun_log")
-@click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS), default="table")
+@click.option("--format", "fmt", type=click.Choice(formats("report")), default="table")
 @click.option("--output", metavar="FILE", default=None)
 @click.option("--warmup", type=int, default=None, metavar="N")
 @lambda f: _apply(_view_options(), f)
@@ -368,7 +364,7 @@ def report_command(
 
 @cli.command("analyze")
 @click.argument("traces", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table")
+@click.option("--format", "fmt", type=click.Choice(formats("analyze")), default="table")
 @click.option("--output", metavar="FILE", default=None)
 @lambda f: _apply(_view_options(), f)
 def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **view: Any) -> int:
@@ -443,7 +439,7 @@ def status_command(log_dir: str) -> int:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(("table", "json", "markdown", "junit", "html")),
+    type=click.Choice(formats("compare")),
     default="table",
 )
 @click.option("--output", metavar="FILE", default=None)

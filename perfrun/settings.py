@@ -21,7 +21,18 @@ ENV_VAR = "PERFRUN_SETTINGS"
 
 SUMMARY_KEYS = ("overview", "device", "model", "dist", "kernel", "op", "mem", "memcpy")
 STEP_ON = ("auto", "optimizer", "forward", "backward", "dataloader")
-FORMATS = ("table", "json", "markdown")
+#: Every output format, and the commands that print it. JUnit is the gate's
+#: verdict, so `run` prints it only when gated (Settings.validate). The one
+#: list of format names: the commands' `--format` choices come from it.
+FORMATS: dict[str, tuple[str, ...]] = {
+    "table": ("run", "report", "compare", "analyze"),
+    "json": ("run", "report", "compare", "analyze"),
+    "markdown": ("run", "report", "compare", "analyze"),
+    "junit": ("run", "compare"),
+    "html": ("report", "compare"),
+}
+#: Formats that report a gate's verdict, and so need one.
+GATE_FORMATS = ("junit",)
 SORT_KEYS = ("cpu-total", "cpu-avg", "cpu-max", "cpu-min", "gpu-total", "gpu-avg", "gpu-max",
              "gpu-min", "calls", "name")
 TIME_UNITS = ("s", "ms", "us", "ns")
@@ -45,6 +56,12 @@ PROFILER_KEYS = {
     "keep": "keep",
     "max_trace_mb": "max_trace_mb",
 }
+
+
+def formats(command: str) -> tuple[str, ...]:
+    """The output formats `command` can print, in FORMATS order (the order
+    its `--format` choices are listed and completed in)."""
+    return tuple(name for name, commands in FORMATS.items() if command in commands)
 
 
 class SettingsError(ValueError):
@@ -170,14 +187,15 @@ class Settings:
             raise SettingsError(
                 f"--step-on must be one of {', '.join(STEP_ON)}, not {shown(self.step_on)}"
             )
-        if self.format == "junit" and not self.gated:
+        if self.format in GATE_FORMATS and not self.gated:
             raise SettingsError(
-                "--format junit needs a gate (--baseline FILE --max-regression PCT): "
+                f"--format {self.format} needs a gate (--baseline FILE --max-regression PCT): "
                 "JUnit reports the gate's verdict"
             )
-        if self.format not in FORMATS and self.format != "junit":
+        if self.format not in formats("run"):
+            ungated = [name for name in formats("run") if name not in GATE_FORMATS]
             raise SettingsError(
-                f"--format must be one of {', '.join(FORMATS)}, not {shown(self.format)}"
+                f"--format must be one of {', '.join(ungated)}, not {shown(self.format)}"
             )
         unknown = set(self.summary) - set(SUMMARY_KEYS)
         if unknown:
