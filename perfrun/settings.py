@@ -5,6 +5,12 @@ and carried to the profiled process in one environment variable.
 The YAML format is the `Profiler:` section of Paddle's GPT configs, so the
 training config itself can be passed with `--config`: every other section is
 ignored.
+
+To add a setting, add one field to Settings whose default is `option(...)`:
+its flags, help and type make the `perfrun run` option (cli.py builds the
+click option and reads its value back by them), `commands=VIEW` or `GATE` adds
+it to report/analyze or compare, and `yaml=` a converter makes it a
+`Profiler:` key too. A rule across fields goes in Settings.validate.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .schema import shown
 
@@ -36,26 +43,7 @@ GATE_FORMATS = ("junit",)
 SORT_KEYS = ("cpu-total", "cpu-avg", "cpu-max", "cpu-min", "gpu-total", "gpu-avg", "gpu-max",
              "gpu-min", "calls", "name")
 TIME_UNITS = ("s", "ms", "us", "ns")
-
-# The `Profiler:` keys we understand and the Settings field each one sets.
-PROFILER_KEYS = {
-    "enable": "enable",
-    "scheduler": "scheduler",
-    "profiler_log": "log_dir",
-    "detailed": "detailed",
-    "record_shapes": "record_shapes",
-    "profile_memory": "profile_memory",
-    "summary": "summary",
-    # perfrun's own additions, same spelling as the command-line options.
-    "timer_only": "timer_only",
-    "warmup": "warmup",
-    "step_on": "step_on",
-    "batch_size": "batch_size",
-    "stop_after": "stop_after",
-    "nvtx": "nvtx",
-    "keep": "keep",
-    "max_trace_mb": "max_trace_mb",
-}
+HANG_ACTIONS = ("report", "terminate")
 
 
 def formats(command: str) -> tuple[str, ...]:
@@ -68,76 +56,416 @@ class SettingsError(ValueError):
     """A setting is invalid; the message is one line meant for the user."""
 
 
+# -- config values --------------------------------------------------------------
+#
+# The config is the user's file, and often a whole training config written for
+# another tool: every value is checked by type before use, and a message shows
+# the value as written, capped (schema.shown), never the whole of it.
+#
+# Each `_as_*` converter is a field's `yaml=`: called as (origin, key, value)
+# with the file (or "override"), the key as the user wrote it and the loaded
+# value, it returns the field's value or raises a one-line SettingsError
+# naming all three. A converter returns None for YAML `null` only where null
+# means something: "unset" for a field whose default is None, the default
+# for any other (profiler_section_to_changes); elsewhere null is refused.
+
+
+def _capped(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _names(names: list[Any], limit: int = 8) -> str:
+    """Keys for a message: each capped, and only the first few of many."""
+    out = ", ".join(shown(n) if not isinstance(n, str) else _capped(n, 40) for n in names[:limit])
+    return out + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _as_written(value: Any) -> str:
+    """A YAML value for a message, spelt as YAML spells it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return shown(value)
+
+
+def _wrong(origin: str, key: str, expected: str, value: Any) -> SettingsError:
+    return SettingsError(f"{origin}: Profiler.{key}: expected {expected}, got {_as_written(value)}")
+
+
+def _int_or_none(value: Any) -> int | None:
+    """An integer, or a string of one; None for anything else (a bool too,
+    though Python counts it an int). Not a converter itself: what _as_int
+    and _as_window share, each with its own message."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:  # not a number, or past Python's digit limit
+            return None
+    return None
+
+
+def _as_bool(origin: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return value.lower() in ("true", "yes", "on")
+    raise _wrong(origin, key, "true or false", value)
+
+
+def _as_int(origin: str, key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    number = _int_or_none(value)
+    if number is None:
+        raise _wrong(origin, key, "an integer", value)
+    return number
+
+
+def _as_number(origin: str, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise _wrong(origin, key, "a number", value)
+
+
+def _as_window(origin: str, key: str, value: Any) -> tuple[int, int] | None:
+    """`[3, 14]`, or the same as a string (`'[3, 14]'`, `3 14`)."""
+    if value is None:
+        return None
+    parts = value
+    if isinstance(value, str):
+        text = value.strip().strip("[]()")
+        parts = [part for part in text.replace(",", " ").split() if part]
+    if isinstance(parts, (list, tuple)) and len(parts) == 2:
+        start, end = _int_or_none(parts[0]), _int_or_none(parts[1])
+        if start is not None and end is not None:
+            return (start, end)
+    raise _wrong(origin, key, "two integers [START, END]", value)
+
+
+def _as_path(origin: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _wrong(origin, key, "a path", value)
+    return value
+
+
+def _as_word(origin: str, key: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise _wrong(origin, key, "a string", value)
+    return value
+
+
+def _as_summary(origin: str, key: str, value: Any) -> dict[str, bool] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _wrong(origin, key, f"a mapping of {', '.join(SUMMARY_KEYS)} to true or false",
+                     value)
+    bad = [k for k in value if k not in SUMMARY_KEYS]
+    if bad:
+        raise SettingsError(
+            f"{origin}: unknown Profiler.summary key(s) {_names(bad)}; "
+            f"valid keys: {', '.join(SUMMARY_KEYS)}"
+        )
+    summary = dict.fromkeys(SUMMARY_KEYS, True)
+    summary.update({k: _as_bool(origin, f"summary.{k}", v) for k, v in value.items()})
+    return summary
+
+
+def parse_threshold(text: str) -> float:
+    """`--max-regression 5%` -> 0.05, by the gate's own parser; a bad value is
+    a SettingsError (exit 64, like any other bad setting), not a usage error.
+    The gate module is imported only when a threshold is given."""
+    from .gate import parse_threshold as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+# -- how each setting is set ----------------------------------------------------
+
+#: The commands besides `run` that take an option, by what it is about.
+VIEW = ("run", "report", "analyze")  # how the window tables are shown
+GATE = ("run", "compare")  # the regression gate
+
+#: The key of a Settings field's metadata that holds its Option.
+OPTION = "perfrun.option"
+
+
+class Option(NamedTuple):
+    """How a Settings field is set from outside the program: its command-line
+    option (`flags` empty: none) and its `Profiler:` key (`yaml` None: none).
+    Plain data, no click: cli.py makes the click options from it, since
+    this module is also imported inside the profiled process (for the same
+    reason a NamedTuple, which costs less to define than a dataclass)."""
+
+    #: The option's spellings, e.g. ("-m", "--module").
+    flags: tuple[str, ...] = ()
+    #: The parameter name click passes the value as: the long spelling's, or
+    #: an explicit one where that would shadow a builtin (`fmt`).
+    dest: str | None = None
+    help: str | None = None
+    metavar: str | None = None
+    #: What click converts the text to: int or float (None: the text).
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    #: Values the option takes (2: `--scheduler START END`, as a tuple).
+    nargs: int = 1
+    hidden: bool = False
+    #: Commands that take the option: always `run`, and VIEW or GATE ones.
+    commands: tuple[str, ...] = ("run",)
+    #: Turns click's value into the field's; may raise SettingsError.
+    parse: Callable[[Any], Any] | None = None
+    #: For an on/off flag: the value the field takes when it is given, the
+    #: opposite of its default (`--no-nvtx` sets nvtx False). None: not a flag.
+    flag_value: bool | None = None
+    #: The converter of the field's `Profiler:` key (an `_as_*` above).
+    yaml: Callable[[str, str, Any], Any] | None = None
+    #: The key, where it is not the field's name (Paddle's `profiler_log`).
+    yaml_key: str | None = None
+
+    @property
+    def is_flag(self) -> bool:
+        return self.flag_value is not None
+
+
+def option(
+    *flags: str,
+    default: Any = None,
+    default_factory: Callable[[], Any] | None = None,
+    dest: str | None = None,
+    help: str | None = None,
+    metavar: str | None = None,
+    type: Callable[[str], Any] | None = None,
+    choices: tuple[str, ...] | None = None,
+    nargs: int = 1,
+    hidden: bool = False,
+    commands: tuple[str, ...] = ("run",),
+    parse: Callable[[Any], Any] | None = None,
+    yaml: Callable[[str, str, Any], Any] | None = None,
+    yaml_key: str | None = None,
+) -> Any:
+    """A Settings field with its default and its Option as metadata. A bool
+    field with flags is an on/off flag that sets the opposite of its
+    default; any other option takes a value, None until it is given."""
+    if flags and dest is None:
+        long = next((f for f in flags if f.startswith("--")), flags[0])
+        dest = long.lstrip("-").replace("-", "_")
+    flag_value = (not default) if flags and isinstance(default, bool) else None
+    spec = Option(flags=flags, dest=dest, help=help, metavar=metavar, type=type, choices=choices,
+                  nargs=nargs, hidden=hidden, commands=commands, parse=parse,
+                  flag_value=flag_value, yaml=yaml, yaml_key=yaml_key)
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={OPTION: spec})
+    return field(default=default, metadata={OPTION: spec})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Everything that decides how a run is launched, measured and reported."""
+    """Everything that decides how a run is launched, measured and reported.
+
+    The fields' order is the order of `perfrun run --help` and of the valid
+    `Profiler:` keys that an error lists (Paddle's own first, then perfrun's
+    additions)."""
 
     script: str | None = None
-    module: str | None = None
+    module: str | None = option(
+        "-m", "--module", metavar="MODULE", help="Run a library module as a script, like python -m."
+    )
     script_args: tuple[str, ...] = ()
-    enable: bool = True
-    timer_only: bool = False
-    scheduler: tuple[int, int] | None = None
-    log_dir: str = "./perfrun_log"
-    detailed: bool = False
-    record_shapes: bool = False
-    profile_memory: bool = False
-    summary: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SUMMARY_KEYS, True))
-    nproc_per_node: int | None = None
-    nnodes: str | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    nsys: bool = False
-    nsys_args: str = ""
-    step_on: str = "auto"
-    warmup: int | None = None
-    batch_size: int | None = None
-    stop_after: int | None = None
-    nvtx: bool = True
-    format: str = "table"
-    output: str | None = None
-    flush_interval: float = 2.0
-    with_stack: bool = False
-    with_flops: bool = False
-    stop_after_window: bool = False
-    op_detail: bool = False
-    sort_by: str = "cpu-total"
-    row_limit: int = 20
-    time_unit: str | None = None
-    module_depth: int | None = None
-    nsys_ranks: str | None = None
-    save_baseline: str | None = None
-    baseline: str | None = None
-    max_regression: float | None = None
-    fail_on_inconclusive: bool = False
-    allow_env_mismatch: bool = False
-    #: Gate even a run whose measurement was disturbed (a machine known to
-    #: be shared); by default such a run gives no verdict.
-    ignore_disturbed: bool = False
-    #: No start notice on stderr (-q).
-    quiet: bool = False
+
+    # -- Paddle's Profiler keys --
+    enable: bool = option(default=True, yaml=_as_bool)
+    scheduler: tuple[int, int] | None = option(
+        "--scheduler", type=int, nargs=2, metavar="START END", yaml=_as_window,
+        help="Detailed window on steps [START, END).",
+    )
+    log_dir: str = option(
+        "--log-dir", default="./perfrun_log", metavar="DIR", yaml=_as_path, yaml_key="profiler_log",
+        help="Where runs are saved (default ./perfrun_log); one folder per run, "
+        "and a `latest` link.",
+    )
+    detailed: bool = option(default=False, yaml=_as_bool)
+    record_shapes: bool = option(default=False, yaml=_as_bool)
+    profile_memory: bool = option(default=False, yaml=_as_bool)
+    summary: dict[str, bool] = option(
+        default_factory=lambda: dict.fromkeys(SUMMARY_KEYS, True), yaml=_as_summary
+    )
+    # -- perfrun's own; as Profiler keys, spelt as the options are --
+    timer_only: bool = option(
+        "--timer-only", default=False, yaml=_as_bool,
+        help="Baseline mode: wall-clock phase timers only (reader_cost, batch_cost, ips).",
+    )
+
+    # -- the launch (cli.py shows --config and -o before these) --
+    nproc_per_node: int | None = option(
+        "--nproc-per-node", type=int, metavar="N",
+        help="Launch N ranks per node through torch.distributed.run.",
+    )
+    nnodes: str | None = option("--nnodes", metavar="N|MIN:MAX", help="torchrun: number of nodes.")
+    node_rank: int | None = option("--node-rank", type=int, help="torchrun: this node's rank.")
+    master_addr: str | None = option("--master-addr", help="torchrun: master address.")
+    master_port: int | None = option("--master-port", type=int, help="torchrun: master port.")
+    rdzv_backend: str | None = option("--rdzv-backend", help="torchrun: rendezvous backend.")
+    rdzv_endpoint: str | None = option("--rdzv-endpoint", help="torchrun: rendezvous endpoint.")
+    rdzv_id: str | None = option("--rdzv-id", help="torchrun: rendezvous id.")
+    nsys: bool = option(
+        "--nsys", default=False, help="Run under Nsight Systems, one report per rank."
+    )
+    nsys_args: str = option(
+        "--nsys-args", default="", metavar="ARGS", help="Extra arguments for `nsys profile`."
+    )
+    nsys_ranks: str | None = option(
+        "--nsys-ranks", metavar="R,R", help="With --nsys: profile only these ranks (e.g. 0,3)."
+    )
+
+    # -- the measurement --
+    module_depth: int | None = option(
+        "--module-depth", type=int, metavar="N",
+        help="Module Summary depth (default: the depth that shows the model's main blocks).",
+    )
+    warmup: int | None = option(
+        "--warmup", type=int, metavar="N", yaml=_as_int,
+        help="Steps left out of the statistics (default: 1 to 5, by run length; printed).",
+    )
+    step_on: str = option(
+        "--step-on", default="auto", choices=STEP_ON, yaml=_as_word,
+        help="What ends a step (default auto: the optimizer step, else each cycle "
+        "of the phases the script has).",
+    )
+    batch_size: int | None = option(
+        "--batch-size", type=int, metavar="N", yaml=_as_int,
+        help="Samples per step (default: inferred from the DataLoader's batches).",
+    )
+    stop_after: int | None = option(
+        "--stop-after", type=int, metavar="N", yaml=_as_int,
+        help="End the script cleanly after N steps and report.",
+    )
+    nvtx: bool = option("--no-nvtx", default=True, yaml=_as_bool, help="Do not emit NVTX ranges.")
     #: Runs kept in the log folder (the oldest beyond are removed when a
     #: run starts; retention.py); 0 keeps all.
-    keep: int = 20
+    keep: int = option(
+        "--keep", default=20, type=int, metavar="N", yaml=_as_int,
+        help="Runs kept in the log folder: the oldest beyond N are removed when a run "
+        "starts (default 20; 0 keeps all).",
+    )
     #: The most MiB a rank's window trace file may take on disk; a larger
     #: trace keeps the window's first steps only (runtime/window.py). 0: no
     #: bound.
-    max_trace_mb: float = 100.0
+    max_trace_mb: float = option(
+        "--max-trace-mb", default=100.0, type=float, metavar="MB", yaml=_as_number,
+        help="Detailed window: the most MiB a rank's trace file may take; a larger trace "
+        "keeps the window's first steps (default 100; 0: no bound).",
+    )
     #: Seconds with no rank finishing a step (counted from the launch) after
     #: which the launcher reports a hang (hang.py); None: never.
-    hang_timeout: float | None = None
+    hang_timeout: float | None = option(
+        "--hang-timeout", type=float, metavar="S",
+        help="Report a hang (each rank's step, phase and Python stack) when no rank has "
+        "finished a step for S seconds (default: off; 600 suits CI).",
+    )
     #: What follows a hang report: "report" (the run goes on) or "terminate"
     #: (the run is ended as by Ctrl-C; perfrun exits with ExitCode.HANG).
-    hang_action: str = "report"
+    hang_action: str = option(
+        "--hang-action", default="report", choices=HANG_ACTIONS,
+        help="After a hang report: let the run go on (report, the default) or end it "
+        "as Ctrl-C would and exit 72 (terminate).",
+    )
     #: Count the FLOPs of one step (runtime/flops.py); --no-flops: off.
-    count_flops: bool = True
+    count_flops: bool = option(
+        "--no-flops", default=True,
+        help="Do not count the FLOPs of one step (achieved FLOP/s and MFU are then unknown).",
+    )
     #: Peak dense TFLOP/s of one GPU for MFU (--peak-tflops), instead of
     #: the table in peaks.py.
-    peak_tflops: float | None = None
+    peak_tflops: float | None = option(
+        "--peak-tflops", type=float, metavar="X",
+        help="Peak dense TFLOP/s of one GPU for MFU (default: looked up by GPU model "
+        "and dtype).",
+    )
+
+    # -- the output --
+    #: No start notice on stderr (-q).
+    quiet: bool = option(
+        "-q", "--quiet", default=False, help="No start notice (the run folder) on stderr."
+    )
+    format: str = option(
+        "--format", dest="fmt", default="table", choices=formats("run"),
+        help="What is printed: table (default), json or markdown; junit with a gate "
+        "(--baseline and --max-regression).",
+    )
+    output: str | None = option(
+        "--output", metavar="FILE", help="Write the report to FILE instead of standard output."
+    )
+    flush_interval: float = option("--flush-interval", default=2.0, type=float, hidden=True)
+
+    # -- the detailed window --
+    with_stack: bool = option(
+        "--with-stack", default=False, help="Detailed window: record Python stacks."
+    )
+    with_flops: bool = option(
+        "--with-flops", default=False, help="Detailed window: estimate FLOPs per op."
+    )
+    stop_after_window: bool = option(
+        "--stop-after-window", default=False,
+        help="End the script cleanly once the detailed window is recorded.",
+    )
+    op_detail: bool = option(
+        "--op-detail", default=False, commands=VIEW,
+        help="Show each operator's kernels beneath it.",
+    )
+    sort_by: str = option(
+        "--sort-by", default="cpu-total", choices=SORT_KEYS, commands=VIEW,
+        help="Sort key of the window tables (default cpu-total).",
+    )
+    row_limit: int = option(
+        "--row-limit", default=20, type=int, metavar="N", commands=VIEW, help="Rows per table."
+    )
+    time_unit: str | None = option(
+        "--time-unit", choices=TIME_UNITS, commands=VIEW, help="Time unit of tables."
+    )
+
+    # -- the gate --
+    save_baseline: str | None = option(
+        "--save-baseline", metavar="FILE", help="Save this run as a baseline for the gate."
+    )
+    baseline: str | None = option(
+        "--baseline", metavar="FILE|DIR",
+        help="Gate: compare this run with a baseline file or results folder.",
+    )
+    max_regression: float | None = option(
+        "--max-regression", metavar="PCT", parse=parse_threshold, commands=GATE,
+        help="Gate threshold, e.g. 5%: fail when steps are slower beyond noise.",
+    )
+    fail_on_inconclusive: bool = option(
+        "--fail-on-inconclusive", default=False, commands=GATE,
+        help="Gate: an inconclusive verdict fails (exit 69; 73 when a run was disturbed).",
+    )
+    allow_env_mismatch: bool = option(
+        "--allow-env-mismatch", default=False, commands=GATE,
+        help="Gate: compare even when the environments' fingerprints differ.",
+    )
+    #: Gate even a run whose measurement was disturbed (a machine known to
+    #: be shared); by default such a run gives no verdict.
+    ignore_disturbed: bool = option(
+        "--ignore-disturbed", default=False, commands=GATE,
+        help="Gate: judge runs whose measurement was disturbed (a shared machine) "
+        "rather than calling them inconclusive (exit 73 with --fail-on-inconclusive).",
+    )
 
     @property
     def gated(self) -> bool:
@@ -243,9 +571,9 @@ class Settings:
             raise SettingsError(
                 f"--peak-tflops must be a number of TFLOP/s above 0, not {self.peak_tflops}"
             )
-        if self.hang_action not in ("report", "terminate"):
+        if self.hang_action not in HANG_ACTIONS:
             raise SettingsError(
-                f"--hang-action takes report or terminate, not {shown(self.hang_action)}"
+                f"--hang-action takes {' or '.join(HANG_ACTIONS)}, not {shown(self.hang_action)}"
             )
         return self
 
@@ -269,11 +597,31 @@ class Settings:
         return cls(**data)
 
 
+def _option(f: dataclasses.Field) -> Option | None:
+    return f.metadata.get(OPTION)
+
+
+def command_line_options(command: str = "run") -> list[tuple[str, Option]]:
+    """(field name, Option) of each setting `command` takes on its command
+    line, in field order."""
+    return [
+        (f.name, spec)
+        for f in dataclasses.fields(Settings)
+        if (spec := _option(f)) is not None and spec.flags and command in spec.commands
+    ]
+
+
+#: The `Profiler:` keys we understand (the fields with `yaml=`), each to the
+#: Settings field it sets, in field order: the order an error lists them in.
+_PROFILER_FIELDS = {
+    spec.yaml_key or f.name: f
+    for f in dataclasses.fields(Settings)
+    if (spec := _option(f)) is not None and spec.yaml is not None
+}
+PROFILER_KEYS = {key: f.name for key, f in _PROFILER_FIELDS.items()}
+
+
 # -- YAML config ---------------------------------------------------------------
-#
-# The config is the user's file, and often a whole training config written for
-# another tool: every value is checked by type before use, and a message shows
-# the value as written, capped (schema.shown), never the whole of it.
 
 #: The most values the YAML document may expand to through its aliases. A
 #: training config has hundreds; an "alias bomb" (anchors of anchors, 9
@@ -360,139 +708,6 @@ def _load_yaml(text: str, origin: str) -> Any:
         raise SettingsError(f"{origin}: malformed YAML{where}: {_capped(problem)}") from None
 
 
-def _capped(text: str, limit: int = 120) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _names(names: list[Any], limit: int = 8) -> str:
-    """Keys for a message: each capped, and only the first few of many."""
-    out = ", ".join(shown(n) if not isinstance(n, str) else _capped(n, 40) for n in names[:limit])
-    return out + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
-
-
-def _as_written(value: Any) -> str:
-    """A YAML value for a message, spelt as YAML spells it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return shown(value)
-
-
-def _wrong(origin: str, key: str, expected: str, value: Any) -> SettingsError:
-    return SettingsError(f"{origin}: Profiler.{key}: expected {expected}, got {_as_written(value)}")
-
-
-def _as_bool(origin: str, key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
-        return value.lower() in ("true", "yes", "on")
-    raise _wrong(origin, key, "true or false", value)
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:  # not a number, or past Python's digit limit
-            return None
-    return None
-
-
-def _as_int(origin: str, key: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    number = _int_or_none(value)
-    if number is None:
-        raise _wrong(origin, key, "an integer", value)
-    return number
-
-
-def _as_number(origin: str, key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    raise _wrong(origin, key, "a number", value)
-
-
-def _as_window(origin: str, key: str, value: Any) -> tuple[int, int] | None:
-    """`[3, 14]`, or the same as a string (`'[3, 14]'`, `3 14`)."""
-    if value is None:
-        return None
-    parts = value
-    if isinstance(value, str):
-        text = value.strip().strip("[]()")
-        parts = [part for part in text.replace(",", " ").split() if part]
-    if isinstance(parts, (list, tuple)) and len(parts) == 2:
-        start, end = _int_or_none(parts[0]), _int_or_none(parts[1])
-        if start is not None and end is not None:
-            return (start, end)
-    raise _wrong(origin, key, "two integers [START, END]", value)
-
-
-def _as_path(origin: str, key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise _wrong(origin, key, "a path", value)
-    return value
-
-
-def _as_word(origin: str, key: str, value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise _wrong(origin, key, "a string", value)
-    return value
-
-
-def _as_summary(origin: str, key: str, value: Any) -> dict[str, bool] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise _wrong(origin, key, f"a mapping of {', '.join(SUMMARY_KEYS)} to true or false",
-                     value)
-    bad = [k for k in value if k not in SUMMARY_KEYS]
-    if bad:
-        raise SettingsError(
-            f"{origin}: unknown Profiler.summary key(s) {_names(bad)}; "
-            f"valid keys: {', '.join(SUMMARY_KEYS)}"
-        )
-    summary = dict.fromkeys(SUMMARY_KEYS, True)
-    summary.update({k: _as_bool(origin, f"summary.{k}", v) for k, v in value.items()})
-    return summary
-
-
-#: The type each Profiler key accepts, by the Settings field it sets: the
-#: config's schema. Each converter returns the field's value or raises a
-#: one-line SettingsError naming the file, the key and the value as written.
-PROFILER_TYPES = {
-    "enable": _as_bool,
-    "detailed": _as_bool,
-    "record_shapes": _as_bool,
-    "profile_memory": _as_bool,
-    "timer_only": _as_bool,
-    "nvtx": _as_bool,
-    "scheduler": _as_window,
-    "log_dir": _as_path,
-    "summary": _as_summary,
-    "step_on": _as_word,
-    "warmup": _as_int,
-    "batch_size": _as_int,
-    "stop_after": _as_int,
-    "keep": _as_int,
-    "max_trace_mb": _as_number,
-}
-
-
 def profiler_section_to_changes(section: Any, origin: str) -> dict[str, Any]:
     """Turn a `Profiler:` mapping into Settings field changes.
 
@@ -514,12 +729,13 @@ def profiler_section_to_changes(section: Any, origin: str) -> dict[str, Any]:
         )
     changes: dict[str, Any] = {}
     for key, value in section.items():
-        name = PROFILER_KEYS[key]
-        converted = PROFILER_TYPES[name](origin, key, value)
-        if name in ("summary", "keep", "max_trace_mb") and converted is None:
-            # null: the default (these settings have no "unset" value).
+        target = _PROFILER_FIELDS[key]
+        converted = target.metadata[OPTION].yaml(origin, key, value)
+        if converted is None and target.default is not None:
+            # null: the default (summary, keep, max_trace_mb: settings with
+            # no "unset" value); where the default is None, it unsets.
             continue
-        changes[name] = converted
+        changes[target.name] = converted
     return changes
 
 
