@@ -22,17 +22,18 @@ import click
 from . import __version__
 from .exitcodes import ExitCode
 from .settings import (
-    SORT_KEYS,
-    STEP_ON,
-    TIME_UNITS,
     Settings,
     SettingsError,
+    command_line_options,
     formats,
     load_config,
     parse_override,
+    parse_threshold,
 )
 
 COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch", "status")
+#: The run option that --config and -o are shown before in `--help`.
+CONFIG_BEFORE = "nproc_per_node"
 #: Set to 1 to see the traceback of perfrun's own internal errors.
 DEBUG_VARIABLE = "PERFRUN_DEBUG"
 # The only options perfrun reads after the script (its usage line shows
@@ -55,42 +56,32 @@ class UsageError(Exception):
     """A one-line command-line error, exit 2."""
 
 
-def _run_options(f: Any) -> Any:
-    options = [
-        click.option(
-            "-m",
-            "--module",
-            metavar="MODULE",
-            help="Run a library module as a script, like python -m.",
-        ),
-        click.option(
-            "--timer-only",
-            is_flag=True,
-            help="Baseline mode: wall-clock phase timers only (reader_cost, batch_cost, ips).",
-        ),
-        click.option(
-            "--scheduler",
-            nargs=2,
-            type=int,
-            metavar="START END",
-            default=None,
-            help="Detailed window on steps [START, END).",
-        ),
-        click.option(
-            "--log-dir",
-            metavar="DIR",
-            default=None,
-            help="Where runs are saved (default ./perfrun_log); one folder per run, "
-            "and a `latest` link.",
-        ),
-        click.option(
-            "--keep",
-            type=int,
-            default=None,
-            metavar="N",
-            help="Runs kept in the log folder: the oldest beyond N are removed when a run "
-            "starts (default 20; 0 keeps all).",
-        ),
+def _click_options(command: str) -> list[Any]:
+    """The click options of `command`'s settings, made from the Settings
+    fields' metadata (settings.option), in field order. Every value option
+    defaults to None and every flag to off, so that settings_from_options
+    can tell an option not given from one given: only a given one overrides
+    the config file."""
+    options = []
+    for _name, spec in command_line_options(command):
+        if spec.is_flag:
+            takes: dict[str, Any] = {"is_flag": True}
+        else:
+            takes = {
+                "type": click.Choice(spec.choices) if spec.choices else spec.type,
+                "nargs": spec.nargs,
+                "default": None,
+                "metavar": spec.metavar,
+            }
+        options.append(
+            click.option(*spec.flags, spec.dest, help=spec.help, hidden=spec.hidden, **takes)
+        )
+    return options
+
+
+def _config_options() -> list[Any]:
+    """Where settings come from rather than settings: not Settings fields."""
+    return [
         click.option(
             "--config",
             "config_file",
@@ -106,202 +97,16 @@ def _run_options(f: Any) -> Any:
             metavar="KEY=VALUE",
             help="Override a config key, e.g. -o Profiler.scheduler=[100,110].",
         ),
-        click.option(
-            "--nproc-per-node",
-            type=int,
-            default=None,
-            metavar="N",
-            help="Launch N ranks per node through torch.distributed.run.",
-        ),
-        click.option(
-            "--nnodes", default=None, metavar="N|MIN:MAX", help="torchrun: number of nodes."
-        ),
-        click.option("--node-rank", type=int, default=None, help="torchrun: this node's rank."),
-        click.option("--master-addr", default=None, help="torchrun: master address."),
-        click.option("--master-port", type=int, default=None, help="torchrun: master port."),
-        click.option("--rdzv-backend", default=None, help="torchrun: rendezvous backend."),
-        click.option("--rdzv-endpoint", default=None, help="torchrun: rendezvous endpoint."),
-        click.option("--rdzv-id", default=None, help="torchrun: rendezvous id."),
-        click.option("--nsys", is_flag=True, help="Run under Nsight Systems, one report per rank."),
-        click.option(
-            "--nsys-args", default=None, metavar="ARGS", help="Extra arguments for `nsys profile`."
-        ),
-        click.option(
-            "--nsys-ranks",
-            default=None,
-            metavar="R,R",
-            help="With --nsys: profile only these ranks (e.g. 0,3).",
-        ),
-        click.option(
-            "--module-depth",
-            type=int,
-            default=None,
-            metavar="N",
-            help="Module Summary depth (default: the depth that shows the model's main blocks).",
-        ),
-        click.option(
-            "--step-on",
-            type=click.Choice(STEP_ON),
-            default=None,
-            help="What ends a step (default auto: the optimizer step, else each cycle "
-            "of the phases the script has).",
-        ),
-        click.option(
-            "--warmup",
-            type=int,
-            default=None,
-            metavar="N",
-            help="Steps left out of the statistics (default: 1 to 5, by run length; printed).",
-        ),
-        click.option(
-            "--batch-size",
-            type=int,
-            default=None,
-            metavar="N",
-            help="Samples per step (default: inferred from the DataLoader's batches).",
-        ),
-        click.option(
-            "--stop-after",
-            type=int,
-            default=None,
-            metavar="N",
-            help="End the script cleanly after N steps and report.",
-        ),
-        click.option("--no-nvtx", is_flag=True, help="Do not emit NVTX ranges."),
-        click.option(
-            "-q", "--quiet", is_flag=True, help="No start notice (the run folder) on stderr."
-        ),
-        click.option(
-            "--format",
-            "fmt",
-            type=click.Choice(formats("run")),
-            default=None,
-            help="What is printed: table (default), json or markdown; junit with a gate "
-            "(--baseline and --max-regression).",
-        ),
-        click.option(
-            "--output",
-            metavar="FILE",
-            default=None,
-            help="Write the report to FILE instead of standard output.",
-        ),
-        click.option("--flush-interval", type=float, default=None, hidden=True),
-        click.option(
-            "--max-trace-mb",
-            type=float,
-            default=None,
-            metavar="MB",
-            help="Detailed window: the most MiB a rank's trace file may take; a larger trace "
-            "keeps the window's first steps (default 100; 0: no bound).",
-        ),
-        click.option(
-            "--hang-timeout",
-            type=float,
-            default=None,
-            metavar="S",
-            help="Report a hang (each rank's step, phase and Python stack) when no rank has "
-            "finished a step for S seconds (default: off; 600 suits CI).",
-        ),
-        click.option(
-            "--hang-action",
-            type=click.Choice(("report", "terminate")),
-            default=None,
-            help="After a hang report: let the run go on (report, the default) or end it "
-            "as Ctrl-C would and exit 72 (terminate).",
-        ),
-        click.option(
-            "--no-flops",
-            is_flag=True,
-            help="Do not count the FLOPs of one step (achieved FLOP/s and MFU are then unknown).",
-        ),
-        click.option(
-            "--peak-tflops",
-            type=float,
-            default=None,
-            metavar="X",
-            help="Peak dense TFLOP/s of one GPU for MFU (default: looked up by GPU model "
-            "and dtype).",
-        ),
-        click.option("--with-stack", is_flag=True, help="Detailed window: record Python stacks."),
-        click.option("--with-flops", is_flag=True, help="Detailed window: estimate FLOPs per op."),
-        click.option(
-            "--stop-after-window",
-            is_flag=True,
-            help="End the script cleanly once the detailed window is recorded.",
-        ),
-        *_view_options(),
-        click.option(
-            "--save-baseline",
-            metavar="FILE",
-            default=None,
-            help="Save this run as a baseline for the gate.",
-        ),
-        click.option(
-            "--baseline",
-            metavar="FILE|DIR",
-            default=None,
-            help="Gate: compare this run with a baseline file or results folder.",
-        ),
-        *_gate_options(),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def _view_options() -> list[Any]:
-    """How the window tables are shown; `run` and `report` share them."""
-    return [
-        click.option("--op-detail", is_flag=True, help="Show each operator's kernels beneath it."),
-        click.option(
-            "--sort-by",
-            type=click.Choice(SORT_KEYS),
-            default=None,
-            help="Sort key of the window tables (default cpu-total).",
-        ),
-        click.option("--row-limit", type=int, default=None, metavar="N", help="Rows per table."),
-        click.option(
-            "--time-unit", type=click.Choice(TIME_UNITS), default=None, help="Time unit of tables."
-        ),
     ]
 
 
-def _gate_options() -> list[Any]:
-    return [
-        click.option(
-            "--max-regression",
-            metavar="PCT",
-            default=None,
-            help="Gate threshold, e.g. 5%: fail when steps are slower beyond noise.",
-        ),
-        click.option(
-            "--fail-on-inconclusive",
-            is_flag=True,
-            help="Gate: an inconclusive verdict fails (exit 69; 73 when a run was disturbed).",
-        ),
-        click.option(
-            "--allow-env-mismatch",
-            is_flag=True,
-            help="Gate: compare even when the environments' fingerprints differ.",
-        ),
-        click.option(
-            "--ignore-disturbed",
-            is_flag=True,
-            help="Gate: judge runs whose measurement was disturbed (a shared machine) "
-            "rather than calling them inconclusive (exit 73 with --fail-on-inconclusive).",
-        ),
-    ]
-
-
-def _parse_threshold(text: Optional[str]) -> Optional[float]:
-    if text is None:
-        return None
-    from .gate import parse_threshold
-
-    try:
-        return parse_threshold(text)
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from None
+def _run_options(f: Any) -> Any:
+    """Every setting's option, and --config and -o (not settings themselves)
+    before the launch's options, where they have always been shown."""
+    options = _click_options("run")
+    at = [name for name, _spec in command_line_options("run")].index(CONFIG_BEFORE)
+    options[at:at] = _config_options()
+    return _apply(options, f)
 
 
 def _apply(options: list[Any], f: Any) -> Any:
@@ -352,7 +157,7 @@ def run_command(**kwargs: Any) -> int:
 @click.option("--format", "fmt", type=click.Choice(formats("report")), default="table")
 @click.option("--output", metavar="FILE", default=None)
 @click.option("--warmup", type=int, default=None, metavar="N")
-@lambda f: _apply(_view_options(), f)
+@lambda f: _apply(_click_options("report"), f)
 def report_command(
     log_dir: str, fmt: str, output: Optional[str], warmup: Optional[int], **view: Any
 ) -> int:
@@ -366,7 +171,7 @@ def report_command(
 @click.argument("traces", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(formats("analyze")), default="table")
 @click.option("--output", metavar="FILE", default=None)
-@lambda f: _apply(_view_options(), f)
+@lambda f: _apply(_click_options("analyze"), f)
 def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **view: Any) -> int:
     """Print the window tables (Overview, Operator, Kernel, Distributed,
     Memory Manipulation, Memory) of torch.profiler traces you already have:
@@ -435,7 +240,7 @@ def status_command(log_dir: str) -> int:
 @cli.command("compare")
 @click.argument("baseline")
 @click.argument("current")
-@lambda f: _apply(_gate_options(), f)
+@lambda f: _apply(_click_options("compare"), f)
 @click.option(
     "--format",
     "fmt",
@@ -462,7 +267,7 @@ def compare_command(
     return api.compare(
         baseline,
         current,
-        threshold=_parse_threshold(max_regression),
+        threshold=None if max_regression is None else parse_threshold(max_regression),
         fail_on_inconclusive=fail_on_inconclusive,
         allow_env_mismatch=allow_env_mismatch,
         ignore_disturbed=ignore_disturbed,
@@ -495,67 +300,24 @@ def _warmup(value: Optional[int]) -> Optional[int]:
 
 
 def settings_from_options(opts: dict[str, Any]) -> Settings:
-    """Config file, then -o overrides, then command-line options."""
+    """Config file, then -o overrides, then command-line options, each later
+    one winning. `opts` is click's values by parameter name; an option not
+    given (None, or a flag left off) changes nothing, so it never undoes
+    what the config file set."""
     changes: dict[str, Any] = {}
     if opts.get("config_file"):
         changes.update(load_config(opts["config_file"]))
     for text in opts.get("overrides") or ():
         changes.update(parse_override(text))
-    direct = {
-        "module": opts.get("module"),
-        "scheduler": tuple(opts["scheduler"]) if opts.get("scheduler") else None,
-        "log_dir": opts.get("log_dir"),
-        "nproc_per_node": opts.get("nproc_per_node"),
-        "nnodes": opts.get("nnodes"),
-        "node_rank": opts.get("node_rank"),
-        "master_addr": opts.get("master_addr"),
-        "master_port": opts.get("master_port"),
-        "rdzv_backend": opts.get("rdzv_backend"),
-        "rdzv_endpoint": opts.get("rdzv_endpoint"),
-        "rdzv_id": opts.get("rdzv_id"),
-        "nsys_args": opts.get("nsys_args"),
-        "step_on": opts.get("step_on"),
-        "warmup": opts.get("warmup"),
-        "batch_size": opts.get("batch_size"),
-        "stop_after": opts.get("stop_after"),
-        "format": opts.get("fmt"),
-        "output": opts.get("output"),
-        "flush_interval": opts.get("flush_interval"),
-        "sort_by": opts.get("sort_by"),
-        "row_limit": opts.get("row_limit"),
-        "time_unit": opts.get("time_unit"),
-        "save_baseline": opts.get("save_baseline"),
-        "nsys_ranks": opts.get("nsys_ranks"),
-        "module_depth": opts.get("module_depth"),
-        "baseline": opts.get("baseline"),
-        "max_regression": _parse_threshold(opts.get("max_regression")),
-        "keep": opts.get("keep"),
-        "max_trace_mb": opts.get("max_trace_mb"),
-        "hang_timeout": opts.get("hang_timeout"),
-        "hang_action": opts.get("hang_action"),
-        "peak_tflops": opts.get("peak_tflops"),
-    }
-    changes.update({k: v for k, v in direct.items() if v is not None})
-    if opts.get("timer_only"):
-        changes["timer_only"] = True
-    if opts.get("nsys"):
-        changes["nsys"] = True
-    if opts.get("no_nvtx"):
-        changes["nvtx"] = False
-    if opts.get("no_flops"):
-        changes["count_flops"] = False
-    for flag in (
-        "quiet",
-        "with_stack",
-        "with_flops",
-        "stop_after_window",
-        "op_detail",
-        "fail_on_inconclusive",
-        "allow_env_mismatch",
-        "ignore_disturbed",
-    ):
-        if opts.get(flag):
-            changes[flag] = True
+    for name, spec in command_line_options("run"):
+        value = opts.get(spec.dest)
+        if spec.is_flag:
+            if value:  # a flag left off says nothing
+                changes[name] = spec.flag_value
+        elif value is not None:
+            if spec.nargs > 1:
+                value = tuple(value)
+            changes[name] = value if spec.parse is None else spec.parse(value)
     if opts.get("script") is not None:
         if opts.get("module"):
             # With -m, what click took for the script is the first argument.
