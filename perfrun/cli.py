@@ -1,4 +1,5 @@
-"""The command line: parse, call the API, map errors to an ExitCode.
+"""The command line: parse argv and call the command that runs it
+(commands.py, which calls the API and chooses the exit code).
 
 `main(argv) -> int` is testable in-process; `console_main()` is the console
 entry point (it also survives `perfrun ... | head` closing the pipe).
@@ -142,14 +143,14 @@ def cli() -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(**kwargs: Any) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) and print where its time went."""
-    from . import api
+    from . import commands
 
     settings = settings_from_options(kwargs)
     obj = click.get_current_context().obj or {}
     # Said once the command line is known to be good, before the script runs.
     for note in obj.get("notes") or ():
         click.echo(f"perfrun: {note}", err=True)
-    return api.run_and_report(settings, command_line=obj.get("command_line"))
+    return commands.run_and_report(settings, command_line=obj.get("command_line"))
 
 
 @cli.command("report")
@@ -162,9 +163,10 @@ def report_command(
     log_dir: str, fmt: str, output: Optional[str], warmup: Optional[int], **view: Any
 ) -> int:
     """Re-print the tables of a finished run (a run folder, or a log folder's latest run)."""
-    from . import api
+    from . import commands
 
-    return api.report(log_dir, fmt=fmt, output=output, warmup=_warmup(warmup), view=_view(view))
+    return commands.report(log_dir, fmt=fmt, output=output, warmup=_warmup(warmup),
+                           view=_view(view))
 
 
 @cli.command("analyze")
@@ -176,9 +178,9 @@ def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **
     """Print the window tables (Overview, Operator, Kernel, Distributed,
     Memory Manipulation, Memory) of torch.profiler traces you already have:
     one trace file (.json or .json.gz) per rank."""
-    from . import api
+    from . import commands
 
-    return api.analyze(list(traces), fmt=fmt, output=output, view=_view(view))
+    return commands.analyze(list(traces), fmt=fmt, output=output, view=_view(view))
 
 
 @cli.command("combine")
@@ -194,9 +196,9 @@ def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **
 def combine_command(run_dirs: tuple[str, ...], output: Optional[str]) -> int:
     """Merge the run folders of one multi-node job, copied from its nodes,
     into one folder that `perfrun report` reads as the whole job."""
-    from . import api
+    from . import commands
 
-    return api.combine(list(run_dirs), output)
+    return commands.combine(list(run_dirs), output)
 
 
 @cli.command("watch")
@@ -232,9 +234,9 @@ def watch_command(log_dir: str, interval: float, last: Optional[int]) -> int:
 def status_command(log_dir: str) -> int:
     """Say where each rank of a run is now: its step, its phase and for how
     long (a run folder, or a log folder's newest run)."""
-    from . import hang
+    from . import commands
 
-    return hang.status(log_dir)
+    return commands.status(log_dir)
 
 
 @cli.command("compare")
@@ -262,9 +264,9 @@ def compare_command(
 ) -> int:
     """Compare CURRENT with BASELINE (each a baseline file or a results folder);
     with --max-regression, gate on it (exit 68 on a regression)."""
-    from . import api
+    from . import commands
 
-    return api.compare(
+    return commands.compare(
         baseline,
         current,
         threshold=None if max_regression is None else parse_threshold(max_regression),

@@ -26,18 +26,25 @@ reading and copying are at the end.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-#: A rank's stem at the start of a file name: `rank3.` or `rank3.restart1.`.
-STEM = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.")
-#: Sub-folders whose files belong to ranks by the same stem.
-RANK_SUBFOLDERS = ("trace", "nsys")
+from .exitcodes import ExitCode
+from .store import layout
+from .store.files import ResultsError
+from .store.layout import RANK_STEM, RANK_SUBFOLDERS
+from .store.rankfile import read_rank_file
+from .store.runmeta import (
+    merge_node_metas,
+    read_node_metas,
+    read_run_meta,
+    write_node_meta,
+    write_run_meta,
+)
 
 
 class CombineError(Exception):
@@ -53,7 +60,7 @@ def stem_of(name: str) -> Optional[tuple[int, int]]:
     """(rank, restart) of a file named by a rank's stem, or None. Hidden
     files (a trace being written: `.rank0.raw.json`) and temporary files
     (`.tmp-...`) are no rank's."""
-    m = STEM.match(name)
+    m = RANK_STEM.match(name)
     if m is None:
         return None
     return int(m.group(1)), int(m.group(2) or 0)
@@ -201,10 +208,6 @@ class Source:
 def read_source(path: str) -> Source:
     """Read what `combine` needs of a run folder. Raises CombineError (66)
     when it holds no results or a rank file cannot be read."""
-    from .exitcodes import ExitCode
-    from .job import read_node_metas
-    from .results import ResultsError, read_rank_file, read_run_meta
-
     if not os.path.isdir(path):
         raise CombineError(f"no such results folder: {path}", ExitCode.BAD_RESULTS)
     try:
@@ -221,7 +224,7 @@ def read_source(path: str) -> Source:
     settings: list[dict[str, Any]] = []
     worlds: set[int] = set()
     for (rank, restart), files in sorted(stems.items()):
-        json_name = f"rank{rank}" + (f".restart{restart}" if restart else "") + ".json"
+        json_name = layout.rank_filename(rank, restart)
         if json_name not in files:
             continue  # no results file: nothing says whose these are
         try:
@@ -283,16 +286,12 @@ def _launch(source: Source, job: dict[str, Any]) -> Optional[str]:
     """Which launch a one-node run folder is, from run.json: its launcher's
     host, pid and start. None for a job's folder (its nodes are launched
     apart) or where run.json does not say."""
-    from .job import is_multinode
-
     meta = source.meta
-    if job or any(is_multinode(s.get("nnodes")) for s in source.settings):
+    if job or any(layout.is_multinode(s.get("nnodes")) for s in source.settings):
         return None
     started, pid = meta.get("started"), meta.get("pid")
     if not isinstance(started, (int, float)) or not isinstance(pid, int):
         return None
-    import time
-
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
     return f"the run started {when} by pid {pid} on {meta.get('host')}"
 
@@ -312,8 +311,6 @@ class Plan:
 
 def plan(sources: Sequence[Source]) -> Plan:
     """Decide every file of the combined folder (no writes)."""
-    from .job import merge_node_metas
-
     by_stem: dict[tuple[int, int], list[RankCopy]] = {}
     for source in sources:
         for copy in source.copies:
@@ -344,7 +341,7 @@ def plan(sources: Sequence[Source]) -> Plan:
                     offers.setdefault(name, []).append(source.path)
         for name, where in sorted(offers.items()):
             rank, restart = stem_of(name)  # type: ignore[misc]
-            if sub == "nsys":
+            if sub == layout.NSYS_DIR:
                 restart = last_restart.get(rank, restart)
             prefer = chosen.get((rank, restart))
             origin = prefer if prefer in where else where[0]
@@ -367,7 +364,8 @@ def plan(sources: Sequence[Source]) -> Plan:
             ):
                 nodes[key] = record
         for name in _status_files(source.path):
-            files.setdefault(f"nodes/{name}", os.path.join(source.path, "nodes", name))
+            files.setdefault(f"{layout.NODES_DIR}/{name}",
+                             os.path.join(source.path, layout.NODES_DIR, name))
     job = _job(sources)
     meta = merge_node_metas(nodes, job) if nodes else {"job": job, "nnodes": job.get("nnodes")}
     meta["combined_from"] = [s.path for s in sources]
@@ -380,8 +378,8 @@ def plan(sources: Sequence[Source]) -> Plan:
 
 def _status_files(path: str) -> list[str]:
     try:
-        return sorted(n for n in os.listdir(os.path.join(path, "nodes"))
-                      if n.startswith("torchrun-status.") and n.endswith(".json"))
+        return sorted(n for n in os.listdir(os.path.join(path, layout.NODES_DIR))
+                      if layout.is_node_torchrun_status(n))
     except OSError:
         return []
 
@@ -410,8 +408,6 @@ def write(plan_: Plan, output: str) -> None:
     """Copy into a temporary folder beside `output`, then rename it into
     place: `output` never holds half a combination, and a folder that
     appeared there meanwhile is not replaced (the rename fails)."""
-    from .results import atomic_write_text
-
     parent = os.path.dirname(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(output)}.tmp-{os.getpid()}")
@@ -423,10 +419,9 @@ def write(plan_: Plan, output: str) -> None:
             shutil.copy2(src, dst)
         nodes = plan_.meta.get("nodes") or {}
         for key, record in nodes.items():
-            os.makedirs(os.path.join(tmp, "nodes"), exist_ok=True)
-            atomic_write_text(os.path.join(tmp, "nodes", f"node{key}.json"),
-                              json.dumps(record, indent=1))
-        atomic_write_text(os.path.join(tmp, "run.json"), json.dumps(plan_.meta, indent=1))
+            os.makedirs(os.path.join(tmp, layout.NODES_DIR), exist_ok=True)
+            write_node_meta(tmp, key, record)
+        write_run_meta(tmp, plan_.meta)
         os.rename(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .schema import shown
+from .store.schema import shown
 
 ENV_VAR = "PERFRUN_SETTINGS"
 
@@ -188,7 +188,7 @@ def parse_threshold(text: str) -> float:
     """`--max-regression 5%` -> 0.05, by the gate's own parser; a bad value is
     a SettingsError (exit 64, like any other bad setting), not a usage error.
     The gate module is imported only when a threshold is given."""
-    from .gate import parse_threshold as parse
+    from .analysis.gate import parse_threshold as parse
 
     try:
         return parse(text)

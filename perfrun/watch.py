@@ -17,17 +17,35 @@ without a terminal; `watch` only loops and draws.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
 from .analysis import columns
+from .analysis.report import build_report
 from .exitcodes import ExitCode
-from .results import COL, PHASES, ResultsError, RunResults, read_run
+from .launcher.hang import position_of
+from .report.table import render_table
+from .store.files import ResultsError
+from .store.rankfile import RankResult, hostname
+from .store.results import (
+    RunResults,
+    is_run_dir,
+    live_ranks,
+    pid_alive,
+    rank_alive,
+    read_run,
+    resolve_run_dir,
+)
+from .store.stepfile import COL, PHASES, read_table
 
 #: Steps the rate, the last-step figures and the phase split are taken over:
 #: recent enough to show a change, long enough not to jump at every step.
@@ -66,7 +84,7 @@ class Snapshot:
     last: int = LAST_STEPS
 
 
-def rank_view(rank: Any, alive: Optional[bool], last: int = LAST_STEPS) -> RankView:
+def rank_view(rank: RankResult, alive: Optional[bool], last: int = LAST_STEPS) -> RankView:
     """One rank's recent figures from its flushed steps."""
     tail, n = _tail(rank, last)
     status = str(rank.status or "?")
@@ -86,16 +104,14 @@ def rank_view(rank: Any, alive: Optional[bool], last: int = LAST_STEPS) -> RankV
     return RankView(rank.rank, status, n, rate, float(times[-1]), float(np.median(times)), split)
 
 
-def _tail(rank: Any, last: int) -> tuple[Any, int]:
+def _tail(rank: RankResult, last: int) -> tuple[Any, int]:
     """The rank's last `last` steps and its step count. From a step file
     only the tail is read (the file is mapped): following a run of 10^7
     steps costs what 50 steps cost, every refresh."""
     n = int(rank.n_steps)
     if rank.steps_file is not None:
-        from .results import load_step_table
-
         try:
-            table = load_step_table(rank.steps_file, mapped=True)
+            table = read_table(rank.steps_file, mapped=True)
             n = min(n, int(table.shape[0]))
             return np.array(table[max(0, n - last):n]), n
         except Exception:  # noqa: BLE001 - a file being replaced: read it whole
@@ -121,18 +137,13 @@ def run_ended(run: RunResults, live: set[int]) -> bool:
 
 def _launcher_alive(meta: dict[str, Any]) -> Optional[bool]:
     pid, host = meta.get("pid"), meta.get("host")
-    if not isinstance(pid, int) or isinstance(pid, bool) or host != socket.gethostname():
+    if not isinstance(pid, int) or isinstance(pid, bool) or host != hostname():
         return None
-    from .results import pid_alive
-
     return pid_alive(pid)
 
 
 def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) -> Snapshot:
     """What the live view shows of `run` now."""
-    from .api import live_ranks
-    from .results import rank_alive
-
     live = live_ranks(run)
     views = [rank_view(r, rank_alive(r), last) for r in run.ranks]
     now = time.time()
@@ -148,9 +159,7 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
     advice: list[str] = []
     if with_advice and any(r.n_steps for r in run.ranks):
         try:
-            from .analysis.summary import build_report
-
-            report = build_report(run, alive=live)
+            report = build_report(run, alive=live, series=False)
             # The finding, not the list of things to try: the final tables
             # have those, and the live view must fit a terminal.
             advice = [f"{a.title}: {a.message}" for a in report.advice if a.evidence]
@@ -174,7 +183,6 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
 def _where_now(data: dict[str, Any], now: float) -> str:
     """`Backward at step 3 (2.1 s)`: the rank's saved position, as `perfrun
     status` shows it; empty before the rank has one."""
-    from .hang import position_of
 
     p = position_of(data)
     if p.phase is None:
@@ -190,10 +198,6 @@ def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
 
 def render_snapshot(snap: Snapshot, note: str = "") -> Any:
     """The live view: a rich renderable at most 80 columns wide."""
-    from rich import box
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
     head = Text(f"perfrun watch  {time.strftime('%H:%M:%S')}", style="bold")
     lines: list[Any] = [head, Text(f"Run: {snap.run_dir}", overflow="fold")]
@@ -236,8 +240,6 @@ def render_snapshot(snap: Snapshot, note: str = "") -> Any:
 def _resolve(path: str) -> Optional[str]:
     """The run folder to watch: `path` itself, or a log folder's newest run
     (None while it has none)."""
-    from .results import is_run_dir, resolve_run_dir
-
     if is_run_dir(path):
         return path
     found = resolve_run_dir(path, note=None)
@@ -250,9 +252,6 @@ def watch(path: str, interval: float = INTERVAL, last: int = LAST_STEPS,
     run is followed, waiting for one if it has none) until it ends, then
     print its final report. Exit 66 when `path` does not exist, 130 on
     Ctrl-C, else 0."""
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
 
     if not os.path.isdir(path):
         sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
@@ -293,9 +292,6 @@ def watch(path: str, interval: float = INTERVAL, last: int = LAST_STEPS,
 
 def _final(run_dir: str, console: Any) -> int:
     """The run's final tables, left on the screen."""
-    from .analysis.summary import build_report
-    from .report.table import render_table
-
     try:
         run = read_run(run_dir)
     except ResultsError as exc:

@@ -32,11 +32,11 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from perfrun.analysis.summary import build_report
-from perfrun.baseline import load
-from perfrun.compare import compare_runs
-from perfrun.gate import Verdict, parse_threshold
-from perfrun.results import RunResults
+from perfrun.analysis.compare import compare_runs
+from perfrun.analysis.gate import Verdict, parse_threshold
+from perfrun.analysis.report import build_report
+from perfrun.store.baseline import load
+from perfrun.store.results import RunResults
 
 #: The default workload, written to a temporary file: a small MLP trained on
 #: CPU from a DataLoader, one optimizer step per batch.

@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 from perfrun.analysis.disturbed import flags_of
-from perfrun.results import read_run, resolve_run_dir
+from perfrun.store.results import read_run, resolve_run_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "gate_train.py")

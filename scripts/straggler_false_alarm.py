@@ -30,8 +30,8 @@ import sys
 import tempfile
 from typing import Any, Optional
 
-from perfrun.analysis.summary import build_report
-from perfrun.results import read_run, resolve_run_dir
+from perfrun.analysis.report import build_report
+from perfrun.store.results import read_run, resolve_run_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "straggler_ddp.py")

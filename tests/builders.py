@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from perfrun.results import FORMAT, STEP_COLUMNS, VERSION, RankResult, RunResults
+from perfrun.store.rankfile import FORMAT, VERSION, RankResult
+from perfrun.store.results import RunResults
+from perfrun.store.stepfile import STEP_COLUMNS
 
 MS = 1.0 / 1024.0  # "about a millisecond", exactly representable
 

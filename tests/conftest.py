@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from perfrun.results import RankResult, RunResults, read_run
+from perfrun.store.rankfile import RankResult
+from perfrun.store.results import RunResults, read_run
 
 # A test run started in the background of a non-interactive shell (`cmd &`)
 # inherits SIGINT ignored, and so would every perfrun and script it starts:
@@ -108,7 +109,7 @@ class PerfrunRun:
         folder."""
         if self.report_path is not None:
             return json.loads(self.report_path.read_text(encoding="utf-8"))
-        from perfrun.analysis.summary import build_report
+        from perfrun.analysis.report import build_report
 
         return build_report(self.results()).to_dict()
 

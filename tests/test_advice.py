@@ -15,7 +15,6 @@ import pytest
 from builders import MS, make_rank, make_rows, make_run
 from conftest import RunPerfrun
 
-from perfrun.analysis import build_report, device_summary, multi_rank_summary
 from perfrun.analysis.advice import (
     GPU_UTIL_HIGH,
     GPU_UTIL_LOW,
@@ -32,6 +31,9 @@ from perfrun.analysis.advice import (
     sync_stalls,
     unstable_timing,
 )
+from perfrun.analysis.device import device_summary
+from perfrun.analysis.ranks import multi_rank_summary
+from perfrun.analysis.report import build_report
 from perfrun.analysis.summary import forward_unseen, model_summary, perf_summary
 from perfrun.report import make_console, render_json, render_markdown, render_table
 

@@ -8,20 +8,14 @@ import statistics
 
 import pytest
 from builders import MS, make_rank, make_row, make_rows, make_run
+from oracle import others_time, step_time
 
-from perfrun.analysis import (
-    Rate,
-    Stats,
-    build_report,
-    default_warmup,
-    device_summary,
-    model_summary,
-    multi_rank_summary,
-    perf_summary,
-    rank_problem,
-    steady_rows,
-)
-from perfrun.analysis.summary import others_time, step_time
+from perfrun.analysis.device import device_summary
+from perfrun.analysis.ranks import multi_rank_summary, rank_problem
+from perfrun.analysis.report import build_report
+from perfrun.analysis.selection import steady_rows
+from perfrun.analysis.stats import Rate, Stats, default_warmup
+from perfrun.analysis.summary import model_summary, perf_summary
 
 # -- Stats -----------------------------------------------------------------------
 

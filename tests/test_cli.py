@@ -249,12 +249,12 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_script_runs(
 def test_an_internal_error_is_one_line_and_exit_70(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from perfrun import api
+    from perfrun import commands
 
     def broken(*args: object, **kwargs: object) -> int:
         raise KeyError("a perfrun bug")
 
-    monkeypatch.setattr(api, "report", broken)
+    monkeypatch.setattr(commands, "report", broken)
     monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
     assert cli.main(["report", "somewhere"]) == ExitCode.INTERNAL == 70
     err = capsys.readouterr().err

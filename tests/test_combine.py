@@ -15,7 +15,8 @@ from perfrun import combine as combining
 from perfrun.cli import main
 from perfrun.combine import FolderFacts, RankCopy, choose_copy, mixed_jobs, stem_of
 from perfrun.exitcodes import ExitCode
-from perfrun.results import STEP_COLUMNS, read_run
+from perfrun.store.results import read_run
+from perfrun.store.stepfile import STEP_COLUMNS
 
 # -- the deciders --------------------------------------------------------------------
 

@@ -34,9 +34,9 @@ import pytest
 from builders import MS, make_rank, make_rows, make_run
 from conftest import E2E_TIMEOUT, e2e_environment
 
-from perfrun.baseline import mismatches
-from perfrun.compare import compare_runs
+from perfrun.analysis.compare import compare_runs
 from perfrun.exitcodes import ExitCode
+from perfrun.store.baseline import mismatches
 
 SCRIPT = Path(__file__).parent / "scripts" / "gate_train.py"
 EXPECTED = Path(__file__).parent / "expected"
@@ -610,8 +610,8 @@ def test_a_gated_run_without_a_threshold_compares_like_compare(pair: Runs) -> No
 def test_a_baseline_of_several_runs_shows_what_the_gate_compares(pair: Runs) -> None:
     """The table's gated row and the verdict quote the same change: the
     median of the stored runs' medians against the current run's."""
-    from perfrun.baseline import save_baseline
-    from perfrun.results import resolve_run_dir
+    from perfrun.api import save_baseline
+    from perfrun.store.results import resolve_run_dir
 
     two = pair.work / "two.json"
     shutil.copy(pair.work / "base.json", two)

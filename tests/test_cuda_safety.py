@@ -25,14 +25,15 @@ from typing import Any
 import pytest
 from test_gpu_timer import fake_torch
 
-from perfrun.launch import build_command
-from perfrun.results import COL, STEP_COLUMNS, read_rank_file
+from perfrun.launcher.launch import build_command
 from perfrun.runtime.agent import Agent
 from perfrun.runtime.gpu import work_device
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.window import ProfilerWindow, nsys_tables
 from perfrun.settings import Settings
-from perfrun.stepfile import StepWriter, steps_path
+from perfrun.store.layout import steps_path
+from perfrun.store.rankfile import read_rank_file
+from perfrun.store.stepfile import COL, STEP_COLUMNS, StepWriter
 from tests.builders import train_agent
 
 GPU = COL["gpu_dataloader"]

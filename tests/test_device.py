@@ -405,6 +405,7 @@ def test_each_unsupported_reading_is_recorded_and_not_asked_again() -> None:
     assert ev["reasons"] == {} and ev["sm_clock_median"] is None
     assert ev["ecc_uncorrected_new"] is None and ev["xid_available"] is False
     # The evidence still validates as part of a rank file.
-    from perfrun.schema import GPU_EVIDENCE, check
+    from perfrun.store.rankfile import GPU_EVIDENCE
+    from perfrun.store.schema import check
 
     check(ev, GPU_EVIDENCE)

@@ -15,15 +15,9 @@ import pytest
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.analysis.summary import PerfSummary
 from perfrun.analysis.window import RankWindow, WindowReport
-from perfrun.report.common import (
-    ELLIPSIS,
-    Column,
-    LinesBlock,
-    TableBlock,
-    middle,
-    perf_block,
-)
 from perfrun.report.markdown import render_markdown_blocks
+from perfrun.report.primitives import ELLIPSIS, Column, LinesBlock, TableBlock, middle
+from perfrun.report.summary_blocks import perf_block
 from perfrun.report.table import MIN_NAME, layout, make_console, render_blocks
 from perfrun.report.window_blocks import window_blocks
 from perfrun.runtime import device

@@ -28,11 +28,12 @@ from perfrun.analysis.disturbed import (
     host_flags,
     run_flags,
 )
-from perfrun.analysis.summary import build_report
+from perfrun.analysis.gate import Verdict, disturbed_verdict, gate
+from perfrun.analysis.report import build_report
 from perfrun.exitcodes import ExitCode
-from perfrun.gate import Verdict, disturbed_verdict, gate
 from perfrun.report.markdown import render_markdown
-from perfrun.schema import RUN_META, check
+from perfrun.store.runmeta import RUN_META
+from perfrun.store.schema import check
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "gate_train.py"
@@ -246,7 +247,7 @@ def test_a_flagged_run_says_so_at_the_top_of_every_report() -> None:
     assert table.index("Measurement disturbed") < table.index("Perf Summary")
     from perfrun.report.html import render_html
 
-    page = render_html(report, run)
+    page = render_html(report)
     assert page.index("Measurement disturbed") < page.index("Perf Summary")
 
 
@@ -285,7 +286,7 @@ def write_run(folder: Path, rows_ms: float, meta: Optional[dict[str, Any]] = Non
     doc = dict(make_rank(rows).data)
     doc.update({"perfrun": "0.1.0", "started_unix": 1.0, "elapsed": 1.0,
                 "steps": {"columns": [], "rows": rows}})
-    from perfrun.results import STEP_COLUMNS
+    from perfrun.store.stepfile import STEP_COLUMNS
 
     doc["steps"]["columns"] = list(STEP_COLUMNS)
     folder.mkdir(parents=True)
@@ -319,7 +320,8 @@ def test_the_gate_on_a_disturbed_run_exits_0_or_73_never_68(
     code, err = gated([base, current, "--ignore-disturbed"], capsys)
     assert code == ExitCode.REGRESSION, err
     # The baseline's disturbance counts too, and is recorded when saved.
-    from perfrun.baseline import save_baseline, stored_disturbed
+    from perfrun.api import save_baseline
+    from perfrun.store.baseline import stored_disturbed
 
     saved = str(tmp_path / "busy-base.json")
     save_baseline(write_run(tmp_path / "busy-base", 3, busy), saved)

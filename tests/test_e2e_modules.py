@@ -21,7 +21,7 @@ from typing import Any, Optional
 import pytest
 from conftest import E2E_TIMEOUT, PerfrunRun, e2e_environment
 
-from perfrun.results import read_run
+from perfrun.store.results import read_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 BLOCKS = str(SCRIPTS / "mod_blocks.py")

@@ -28,7 +28,7 @@ import pytest
 from conftest import START_NOTICE, script_stderr
 
 from perfrun.exitcodes import ExitCode
-from perfrun.results import VERSION, read_rank_file
+from perfrun.store.rankfile import VERSION, read_rank_file
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,8 @@ from conftest import PerfrunRun, RunPerfrun
 
 from perfrun.analysis.stats import default_warmup
 from perfrun.exitcodes import ExitCode
-from perfrun.results import COL, PHASES, RankResult
+from perfrun.store.rankfile import RankResult
+from perfrun.store.stepfile import COL, PHASES
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LOADER = str(SCRIPTS / "train_loader.py")

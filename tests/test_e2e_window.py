@@ -28,8 +28,9 @@ import pytest
 from conftest import E2E_TIMEOUT, PerfrunRun, e2e_environment
 
 from perfrun.analysis.window import sort_rows
-from perfrun.results import RankResult, read_run
 from perfrun.runtime.window import PERFRUN_TRACK_TID
+from perfrun.store.rankfile import RankResult
+from perfrun.store.results import read_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = str(SCRIPTS / "win_train.py")

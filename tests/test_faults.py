@@ -31,7 +31,7 @@ from conftest import E2E_TIMEOUT, START_NOTICE, e2e_environment, script_stderr
 
 from perfrun.analysis.summary import BOOTSTRAP_HINT
 from perfrun.exitcodes import ExitCode
-from perfrun.results import read_rank_file
+from perfrun.store.rankfile import read_rank_file
 
 pytestmark = pytest.mark.slow
 

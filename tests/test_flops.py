@@ -30,9 +30,9 @@ from perfrun.analysis.flops import (
     median_step,
     mfu,
 )
-from perfrun.analysis.summary import build_report, steady_table
-from perfrun.peaks import PEAKS, dtype_key, match_gpu, peak_for
-from perfrun.results import RankResult
+from perfrun.analysis.peaks import PEAKS, dtype_key, match_gpu, peak_for
+from perfrun.analysis.report import build_report
+from perfrun.analysis.selection import steady_table
 from perfrun.runtime import hooks
 from perfrun.runtime.clock import PhaseClock
 from perfrun.runtime.flops import (
@@ -47,7 +47,8 @@ from perfrun.runtime.flops import (
 from perfrun.runtime.hooks import HookState
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import StepTracker
-from perfrun.schema import RANK_FILE, SchemaError, check
+from perfrun.store.rankfile import RANK_FILE, RankResult
+from perfrun.store.schema import SchemaError, check
 
 
 def count(fn: Callable[[], Any]) -> tuple[int, dict[str, int]]:
@@ -390,7 +391,7 @@ def test_job_wide_rate_over_ranks() -> None:
 
 
 def test_report_with_flops_and_without() -> None:
-    from perfrun.report.common import blocks
+    from perfrun.report.content import blocks
 
     rank = flops_rank(rows(n=12), section(), settings={"warmup": 0})
     report = build_report(make_run([rank]))
@@ -449,7 +450,7 @@ def test_tf32_read_from_either_api_without_a_warning() -> None:
 
 
 def test_gpu_report_has_mfu_and_says_against_what() -> None:
-    from perfrun.report.common import blocks
+    from perfrun.report.content import blocks
 
     rank = flops_rank(rows(n=12, gpu=True), section("cuda"), settings={"warmup": 0})
     report = build_report(make_run([rank]))

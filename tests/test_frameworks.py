@@ -50,7 +50,7 @@ import pytest
 from conftest import PerfrunRun, RunPerfrun, e2e_environment
 from test_e2e_training import check_rank
 
-from perfrun.results import COL
+from perfrun.store.stepfile import COL
 
 pytestmark = pytest.mark.slow
 

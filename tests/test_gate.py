@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from perfrun.baseline import mismatches
-from perfrun.gate import (
+from perfrun.analysis.gate import (
     MIN_STEPS,
     GateResult,
     Verdict,
@@ -24,6 +23,7 @@ from perfrun.gate import (
     gate,
     parse_threshold,
 )
+from perfrun.store.baseline import mismatches
 
 #: Median step time of the synthetic baseline, in seconds.
 STEP = 0.002

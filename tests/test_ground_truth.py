@@ -36,9 +36,10 @@ from typing import Any
 
 import pytest
 from conftest import E2E_TIMEOUT, PerfrunRun, e2e_environment
+from oracle import others_time, phases_total, step_time
 
-from perfrun.analysis.summary import others_time, phases_total, step_time
-from perfrun.results import COL, PHASES, RankResult
+from perfrun.store.rankfile import RankResult
+from perfrun.store.stepfile import COL, PHASES
 
 pytestmark = pytest.mark.slow
 

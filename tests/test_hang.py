@@ -12,17 +12,16 @@ import pytest
 
 from perfrun import cli
 from perfrun.exitcodes import ExitCode
-from perfrun.hang import (
-    HANG_FILE,
+from perfrun.launcher.hang import (
     HangWatch,
     Position,
     hang_report,
     odd_one_out,
     position_of,
     read_positions,
-    stack_path,
 )
 from perfrun.settings import Settings, SettingsError
+from perfrun.store.layout import HANG_FILE, stack_path
 
 NOW = 1_700_000_000.0
 
@@ -98,7 +97,7 @@ class Clock:
 def test_watch_reports_once_after_the_timeout_without_progress(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("perfrun.hang.STACK_WAIT", 0.0)
+    monkeypatch.setattr("perfrun.launcher.hang.STACK_WAIT", 0.0)
     run = tmp_path / "run"
     write(run, [rank_doc(0, 3, "backward"), rank_doc(1, 2, "forward")])
     clock = Clock()

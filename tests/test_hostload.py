@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from perfrun.hostload import (
+from perfrun.launcher.hostload import (
     HostLoadSampler,
     Reading,
     accumulate_others,
@@ -22,7 +22,8 @@ from perfrun.hostload import (
     summarise,
     top_others,
 )
-from perfrun.schema import HOST_LOAD, check
+from perfrun.store.runmeta import HOST_LOAD
+from perfrun.store.schema import check
 
 # -- pure ----------------------------------------------------------------------------
 

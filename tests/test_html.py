@@ -23,11 +23,13 @@ import pytest
 from builders import MS, make_rank, make_rows, make_run
 from conftest import e2e_environment
 
-from perfrun import api
-from perfrun.analysis import columns
-from perfrun.analysis.summary import build_report, profiled_steps, steady_table
+from perfrun import commands
+from perfrun.analysis import columns, series
+from perfrun.analysis.report import build_report
+from perfrun.analysis.selection import profiled_steps, steady_table
 from perfrun.report import html as page
-from perfrun.results import COL, STEP_COLUMNS, read_run
+from perfrun.store.results import read_run
+from perfrun.store.stepfile import COL, STEP_COLUMNS
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
@@ -65,7 +67,7 @@ def _table(n: int, seed: int = 0) -> Any:
 
 def test_a_short_run_is_drawn_step_by_step() -> None:
     t = _table(100)
-    s = page.step_series(t)
+    s = series.step_series(t)
     assert s["size"] == 1 and s["x"] == list(range(100))
     assert np.allclose(s["step"], columns.step_times(t))
     assert int(np.asarray(s["excluded_steps"]).sum()) == 1
@@ -74,8 +76,8 @@ def test_a_short_run_is_drawn_step_by_step() -> None:
 def test_a_long_run_is_bucketed_with_its_envelope() -> None:
     n = 1_000_000
     t = _table(n)
-    s = page.step_series(t)
-    assert len(s["x"]) <= page.MAX_BUCKETS and s["size"] == 500
+    s = series.step_series(t)
+    assert len(s["x"]) <= series.MAX_BUCKETS and s["size"] == 500
     step = columns.step_times(t)
     # The envelope keeps the single slow step; the means add up per bucket.
     assert max(s["max"]) == pytest.approx(step.max())
@@ -93,23 +95,23 @@ def test_a_million_step_page_stays_small(tmp_path: Path) -> None:
     rank._table = _table(1_000_000)
     rank._n = 1_000_000
     run = make_run([rank], run_dir=str(tmp_path))
-    text = page.render_html(build_report(run), run)
+    text = page.render_html(build_report(run))
     data = len(text.encode()) - len(page._plotly_js().encode())
     assert data < 1_000_000, data
 
 
 def test_box_stats() -> None:
-    b = page.box_stats([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")])
+    b = series.box_stats([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")])
     assert b == {"min": 1.0, "q1": 2.0, "median": 3.0, "q3": 4.0, "max": 5.0, "mean": 3.0,
                  "n": 5}
-    assert page.box_stats([]) is None
+    assert series.box_stats([]) is None
 
 
 def test_rank_medians_name_the_slowest_rank_per_phase() -> None:
     fast = make_rows([{"forward": 2 * MS, "backward": 4 * MS}] * 20)
     slow = make_rows([{"forward": 3 * MS, "backward": 4 * MS}] * 20)
     run = make_run([make_rank(fast, rank=0, world_size=2), make_rank(slow, rank=1, world_size=2)])
-    m = page.rank_phase_medians(run, build_report(run))
+    m = series.rank_phase_medians(run, build_report(run))
     q = m["quantities"]
     assert m["ranks"] == [0, 1]
     assert m["values"][0][q.index("forward")] == 2 * MS
@@ -124,7 +126,7 @@ def test_a_failure_to_write_the_page_is_a_note(monkeypatch: Any, capsys: Any,
         raise RuntimeError("no plotly here")
 
     monkeypatch.setattr(page, "write_run_html", broken)
-    assert api.write_report_html(str(tmp_path)) is None
+    assert commands.write_report_html(str(tmp_path)) is None
     err = capsys.readouterr().err
     assert err == "perfrun: note: report.html not written (RuntimeError: no plotly here)\n"
 

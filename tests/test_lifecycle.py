@@ -27,9 +27,9 @@ from typing import Optional
 import pytest
 
 from perfrun.exitcodes import ExitCode
-from perfrun.results import read_rank_file
-from perfrun.runtime.lite import ended_status
-from perfrun.torchrun import argument_problem
+from perfrun.launcher.torchrun import argument_problem
+from perfrun.runtime.lifeline import ended_status
+from perfrun.store.rankfile import read_rank_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
 WAIT = SCRIPTS / "lifecycle_wait.py"

@@ -26,7 +26,7 @@ def test_a_report_of_a_run_in_progress_says_so(tmp_path: Any, capsys: Any) -> No
         data = dict(rank.data)
         data["env"] = {**data["env"], "pid": sleeper.pid}
         data["steps"] = {"columns": list(rank.data.get("columns") or []), "rows": rank.rows}
-        from perfrun.results import STEP_COLUMNS
+        from perfrun.store.stepfile import STEP_COLUMNS
 
         data["steps"]["columns"] = list(STEP_COLUMNS)
         (tmp_path / "rank0.json").write_text(_json.dumps(data))

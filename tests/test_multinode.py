@@ -24,11 +24,11 @@ import pytest
 from builders import make_rank, make_run
 from conftest import E2E_TIMEOUT, e2e_environment
 
-from perfrun import job as jobs
-from perfrun.api import live_ranks
 from perfrun.cli import main
 from perfrun.exitcodes import ExitCode
-from perfrun.results import read_run
+from perfrun.launcher import job as jobs
+from perfrun.store import layout, runmeta
+from perfrun.store.results import live_ranks, read_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 DDP = str(SCRIPTS / "proc_ddp.py")
@@ -88,7 +88,7 @@ def test_an_id_becomes_one_safe_path_component(text: str, safe: Any) -> None:
      ("1:4", True, True), ("2", False, False)],
 )
 def test_which_runs_share_a_job_folder(nnodes: Any, distributed: bool, multi: bool) -> None:
-    assert jobs.is_multinode(nnodes, distributed) is multi
+    assert layout.is_multinode(nnodes, distributed) is multi
 
 
 def test_job_facts_give_the_whole_jobs_world_size_where_it_is_fixed() -> None:
@@ -132,7 +132,7 @@ def test_a_reused_id_moves_every_node_of_the_new_job_to_the_same_next_folder(
     second, _ = jobs.choose_job_folder(str(tmp_path), name, "1")
     assert first == second == str(tmp_path / "job-fixed")
     for key in ("0", "1"):
-        jobs.write_run_meta(first, key, {"started": 1.0, "returncode": 0}, job)
+        runmeta.write_job_meta(first, key, {"started": 1.0, "returncode": 0}, job)
     # The same id again: both nodes see the earlier job ended and move on.
     again0, skipped = jobs.choose_job_folder(str(tmp_path), name, "0")
     again1, _ = jobs.choose_job_folder(str(tmp_path), name, "1")
@@ -150,18 +150,18 @@ def _node(started: float, returncode: Any = None, **kw: Any) -> dict:
 
 def test_run_meta_stays_open_until_every_node_has_ended() -> None:
     job = {"nnodes": "2", "world_size": 2}
-    meta = jobs.merge_node_metas({"1": _node(5.0, 0), "0": _node(3.0)}, job)
+    meta = runmeta.merge_node_metas({"1": _node(5.0, 0), "0": _node(3.0)}, job)
     assert "returncode" not in meta
     assert meta["started"] == 3.0 and meta["expected_ranks"] == 2
     assert list(meta["nodes"]) == ["0", "1"]
-    ended = jobs.merge_node_metas({"0": _node(3.0, 0, elapsed=9.0),
+    ended = runmeta.merge_node_metas({"0": _node(3.0, 0, elapsed=9.0),
                                    "1": _node(5.0, 1, elapsed=4.0)}, job)
     assert ended["returncode"] == 1 and ended["elapsed"] == 9.0
 
 
 def _write_node(run_dir: str, key: str) -> None:
     for i in range(5):
-        jobs.write_run_meta(run_dir, key, {"started": float(i), "n": i}, {"nnodes": "8"})
+        runmeta.write_job_meta(run_dir, key, {"started": float(i), "n": i}, {"nnodes": "8"})
 
 
 def test_nodes_writing_at_once_all_end_up_in_run_json(tmp_path: Path) -> None:

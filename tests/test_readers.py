@@ -20,18 +20,14 @@ import pytest
 from builders import make_rank, make_rows
 
 from perfrun import cli
-from perfrun.baseline import save_baseline
+from perfrun.api import save_baseline
 from perfrun.exitcodes import ExitCode
-from perfrun.results import (
-    STEP_COLUMNS,
-    RankResult,
-    ResultsError,
-    rank_alive,
-    read_rank_file,
-    resolve_run_dir,
-)
-from perfrun.schema import SHOWN_CHARS, shown
 from perfrun.settings import PROFILER_KEYS, SettingsError, load_config
+from perfrun.store.files import ResultsError
+from perfrun.store.rankfile import RankResult, read_rank_file
+from perfrun.store.results import rank_alive, resolve_run_dir
+from perfrun.store.schema import SHOWN_CHARS, shown
+from perfrun.store.stepfile import STEP_COLUMNS
 
 #: Values of every JSON type, to put where another type belongs.
 WRONG = ("x", 5, 1.5, True, None, [], {}, [1, "a"], {"a": 1})

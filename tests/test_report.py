@@ -10,10 +10,11 @@ import json
 import pytest
 from builders import MS, make_rank, make_rows, make_run
 
-from perfrun.analysis import Report, build_report
+from perfrun.analysis.report import Report, build_report
 from perfrun.report import make_console, render, render_json, render_markdown, render_table
-from perfrun.report.common import LinesBlock, TableBlock, blocks
+from perfrun.report.content import blocks
 from perfrun.report.markdown import _cell, _code
+from perfrun.report.primitives import LinesBlock, TableBlock
 
 NVML_NOTE = "NVML is not available: GPU utilisation is not sampled"
 
@@ -303,8 +304,8 @@ def test_render_dispatches_on_format() -> None:
     table = io.StringIO()
     render(report, "table", table)
     assert "Perf Summary" in table.getvalue()
-    with pytest.raises(ValueError, match="unknown report format 'html'"):
-        render(report, "html", io.StringIO())
+    with pytest.raises(ValueError, match="unknown report format 'pdf'"):
+        render(report, "pdf", io.StringIO())
 
 
 def test_steps_that_trained_with_no_forward_timed_say_why() -> None:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from perfrun.results import STEP_COLUMNS, ResultsError, atomic_write_text, read_run
+from perfrun.store.files import ResultsError, atomic_write_text
+from perfrun.store.results import read_run
+from perfrun.store.stepfile import STEP_COLUMNS
 
 
 def _rank(rank: int, world: int, restart: int = 0, rows: int = 2) -> dict:

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from conftest import E2E_TIMEOUT, e2e_environment
 
-from perfrun import retention
 from perfrun.cli import main
 from perfrun.exitcodes import ExitCode
-from perfrun.retention import RunState, in_progress, runs_to_remove
+from perfrun.launcher import retention
+from perfrun.launcher.retention import RunState, in_progress, runs_to_remove
 from perfrun.runtime import window
 from perfrun.settings import SettingsError, load_config
 

@@ -12,18 +12,14 @@ from typing import Any
 
 import pytest
 
-from perfrun.analysis.summary import build_report
-from perfrun.results import (
-    COL,
-    STEP_COLUMNS,
-    VERSION,
-    ResultsError,
-    read_rank_file,
-    read_run,
-)
+from perfrun.analysis.report import build_report
 from perfrun.runtime.agent import Agent
 from perfrun.settings import Settings
-from perfrun.stepfile import BLOCK, StepWriter, header, read, steps_path
+from perfrun.store.files import ResultsError
+from perfrun.store.layout import steps_path
+from perfrun.store.rankfile import VERSION, read_rank_file
+from perfrun.store.results import read_run
+from perfrun.store.stepfile import BLOCK, COL, STEP_COLUMNS, StepWriter, header, read
 from tests.builders import MS, make_rank, make_rows, train_agent
 
 WIDTH = len(STEP_COLUMNS)
@@ -293,7 +289,7 @@ def test_a_multi_rank_report_reads_each_step_file_about_once(
     """A report over long ranks costs what reading their step files costs:
     with FLOPs counted, the FLOP rates reuse the multi-rank summary's
     median steps instead of reading every rank again."""
-    import perfrun.stepfile as stepfile
+    import perfrun.store.stepfile as stepfile
 
     flops = {"counted": True, "step": 2, "reason": None, "forward": 2_000_000,
              "backward": 4_000_000, "optimizer": 0, "calls": {"forward": 1}, "ops": {},
@@ -326,7 +322,7 @@ def test_the_straggler_check_holds_a_bounded_sample_of_steps(
     """Over long ranks the straggler check compares at most STRAGGLER_STEPS
     steps, evenly spaced, read rank by rank: a report over many ranks does
     not hold all their steps at once."""
-    import perfrun.analysis.summary as summary
+    import perfrun.analysis.ranks as summary
 
     for rank in (0, 1):
         write_v2(tmp_path, ROWS * 4, rank=rank, world_size=2)

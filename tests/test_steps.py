@@ -16,9 +16,9 @@ from typing import Any, Optional
 import pytest
 
 from perfrun.analysis.summary import perf_summary
-from perfrun.results import COL, GPU_COLUMNS, PHASES, STEP_COLUMNS
 from perfrun.runtime.clock import PhaseClock
 from perfrun.runtime.steps import BWD, CLOSURE, DATA, FWD, MISSING, OPT, ZERO, StepTracker
+from perfrun.store.stepfile import COL, GPU_COLUMNS, PHASES, STEP_COLUMNS
 
 # What `ident` names in the hooks (id() of the module or optimizer).
 MODEL, LOSS, OPTIM, SCALER = "model", "loss", "optimizer", "scaler"

@@ -14,14 +14,16 @@ from typing import Any, Optional
 import pytest
 from builders import MS, make_rank, make_run
 
-from perfrun.analysis import build_report, multi_rank_summary
 from perfrun.analysis.advice import AdviceInputs, slow_ranks
+from perfrun.analysis.ranks import multi_rank_summary
+from perfrun.analysis.report import build_report
 from perfrun.analysis.straggler import (
     CULPRIT_MIN_CONSISTENCY,
     RankSteps,
     decide,
 )
-from perfrun.results import STEP_COLUMNS, RankResult
+from perfrun.store.rankfile import RankResult
+from perfrun.store.stepfile import STEP_COLUMNS
 
 BASE = {"dataloader": 2 * MS, "forward": 8 * MS, "backward": 10 * MS, "optimization": 3 * MS,
         "others": 1 * MS}

@@ -18,7 +18,7 @@ from perfrun.analysis.trace import (
     total,
 )
 from perfrun.analysis.window import SORT_FIELDS, RankWindow, WindowReport, sort_rows
-from perfrun.report.common import TableBlock
+from perfrun.report.primitives import TableBlock
 from perfrun.report.window_blocks import window_blocks
 
 US = 1e-6

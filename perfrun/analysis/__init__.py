@@ -1,51 +1,11 @@
-"""Pure analysis of per-step results: statistics and the summaries the
-reports print. Nothing here imports torch, touches files or starts processes,
-so every number can be checked against hand-written rows."""
+"""Pure analysis of a run's results: which steps count, the summaries, the
+Report and its advice, the detailed window's tables, comparisons and the CI
+gate.
 
-from __future__ import annotations
-
-from perfrun.analysis.stats import Rate, Stats, default_warmup
-from perfrun.analysis.summary import (
-    DeviceSummary,
-    ExtraRow,
-    Fault,
-    ModelRow,
-    ModelSummary,
-    MultiRankSummary,
-    PerfSummary,
-    RankRow,
-    Report,
-    SlowRank,
-    Title,
-    build_report,
-    device_summary,
-    model_summary,
-    multi_rank_summary,
-    perf_summary,
-    rank_problem,
-    steady_rows,
-)
-
-__all__ = [
-    "DeviceSummary",
-    "ExtraRow",
-    "Fault",
-    "ModelRow",
-    "ModelSummary",
-    "MultiRankSummary",
-    "PerfSummary",
-    "RankRow",
-    "Rate",
-    "Report",
-    "SlowRank",
-    "Stats",
-    "Title",
-    "build_report",
-    "default_warmup",
-    "device_summary",
-    "model_summary",
-    "multi_rank_summary",
-    "perf_summary",
-    "rank_problem",
-    "steady_rows",
-]
+Nothing here imports torch, starts processes or writes files; everything
+reads a run as store/ gives it (or plain data built by hand in the tests),
+so every number can be checked against hand-written rows. Import the module
+you need (`perfrun.analysis.report`, ...): this package's face re-exports
+nothing, so importing one analysis (the rank's trace summariser, say) loads
+no other.
+"""

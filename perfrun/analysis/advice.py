@@ -43,22 +43,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
+from perfrun.analysis.device import DeviceSummary
+from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
 from perfrun.analysis.straggler import ranks_phrase
-from perfrun.analysis.summary import (
-    PHASE_TITLES,
-    RANK_QUANTITIES,
-    DeviceSummary,
-    ModelSummary,
-    MultiRankSummary,
-    PerfSummary,
-    forward_unseen,
-)
-
-if TYPE_CHECKING:
-    from perfrun.analysis.summary import Report
-    from perfrun.results import RankResult
+from perfrun.analysis.summary import PHASE_TITLES, ModelSummary, PerfSummary, forward_unseen
+from perfrun.store.schema import as_finite, as_int
 
 #: Reader Ratio (a fraction) above which the loop is I/O-bound.
 READER_RATIO_LIMIT = 0.05
@@ -188,25 +179,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _finite(value: Any) -> Optional[float]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _int(value: Any) -> Optional[int]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def duration(seconds: float) -> str:
     """A time with three significant digits in a unit that suits it."""
     for unit, factor in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
@@ -244,8 +216,8 @@ def _loader_actions(
     """What to change in one DataLoader, and the numbers behind it."""
     actions: list[str] = []
     evidence: dict[str, Any] = {}
-    workers = _int(loader.get("num_workers"))
-    cores = _int(inp.cpu_count)
+    workers = as_int(loader.get("num_workers"))
+    cores = as_int(inp.cpu_count)
     share = max(1, inp.ranks_per_host)
     per_rank = cores // share if cores else None
     if workers is not None:
@@ -278,8 +250,8 @@ def _loader_actions(
     if loader.get("pin_memory") is False and inp.uses_gpu:
         actions.append("pin_memory=True, so copies to the GPU come from page-locked memory")
     init = inp.dataloader_init or {}
-    calls = _int(init.get("calls")) or 0
-    init_time = _finite(init.get("time")) or 0.0
+    calls = as_int(init.get("calls")) or 0
+    init_time = as_finite(init.get("time")) or 0.0
     batch_avg = perf.batch_cost.avg or 0.0
     steps = max(inp.steps, perf.steps)
     if (
@@ -295,7 +267,7 @@ def _loader_actions(
             f"start-up took {duration(init_time)} in all ({duration(init_time / calls)} "
             "each), which persistent workers pay once"
         )
-    factor = _int(loader.get("prefetch_factor"))
+    factor = as_int(loader.get("prefetch_factor"))
     if workers and factor is not None:
         actions.append(
             f"a larger prefetch_factor (now {factor}) if some batches are much slower "
@@ -309,9 +281,9 @@ def io_bound(inp: AdviceInputs) -> list[Advice]:
     perf = inp.perf
     if perf is None or not perf.steps:
         return []
-    ratio = _finite(perf.reader_ratio)
-    reader = _finite(perf.reader_cost.avg)
-    batch = _finite(perf.batch_cost.avg)
+    ratio = as_finite(perf.reader_ratio)
+    reader = as_finite(perf.reader_cost.avg)
+    batch = as_finite(perf.batch_cost.avg)
     if ratio is None or reader is None or batch is None or not ratio > READER_RATIO_LIMIT:
         return []
     evidence: dict[str, Any] = {
@@ -364,8 +336,8 @@ def _active_gpus(device: Optional[DeviceSummary]) -> list[dict[str, Any]]:
         return out
     for host in device.hosts:
         for gpu in host.gpus:
-            avg = _finite(gpu.util_avg)
-            peak = _finite(gpu.util_max)
+            avg = as_finite(gpu.util_avg)
+            peak = as_finite(gpu.util_max)
             if avg is None or not (peak or avg):
                 continue
             out.append(
@@ -391,9 +363,9 @@ def _others(model: Optional[ModelSummary]) -> Optional[tuple[float, float, float
         step = model.row("ProfileStep")
     except KeyError:
         return None
-    share = _finite(others.cpu_ratio)
-    avg = _finite(others.cpu.avg)
-    step_avg = _finite(step.cpu.avg)
+    share = as_finite(others.cpu_ratio)
+    avg = as_finite(others.cpu.avg)
+    step_avg = as_finite(step.cpu.avg)
     if share is None or avg is None or step_avg is None:
         return None
     return share, avg, step_avg
@@ -491,7 +463,7 @@ def _window_gpu_calls(summary: Mapping[str, Any]) -> int:
     calls = 0
     for entry in summary.get("overview") or []:
         if isinstance(entry, Mapping) and entry.get("side") == "gpu":
-            calls += _int(entry.get("calls")) or 0
+            calls += as_int(entry.get("calls")) or 0
     return calls
 
 
@@ -505,12 +477,12 @@ def sync_stalls(inp: AdviceInputs) -> list[Advice]:
     mm = summary.get("memory_manipulation")
     if not isinstance(mm, Mapping):
         return []
-    per_step = _finite(mm.get("sync_per_step"))
-    calls = _int(mm.get("sync_calls")) or 0
+    per_step = as_finite(mm.get("sync_per_step"))
+    calls = as_int(mm.get("sync_calls")) or 0
     gpu_calls = _window_gpu_calls(summary)
     if per_step is None or not per_step > 0.0 or calls <= 0 or gpu_calls <= 0:
         return []
-    steps = _int(summary.get("steps"))
+    steps = as_int(summary.get("steps"))
     evidence: dict[str, Any] = {
         "sync_calls": calls,
         "sync_per_step": per_step,
@@ -529,7 +501,7 @@ def sync_stalls(inp: AdviceInputs) -> list[Advice]:
     made = ""
     if isinstance(by_op, Mapping) and by_op:
         evidence["sync_by_op"] = dict(by_op)
-        top = sorted(by_op.items(), key=lambda kv: -(_int(kv[1]) or 0))[:3]
+        top = sorted(by_op.items(), key=lambda kv: -(as_int(kv[1]) or 0))[:3]
         made = "; made by " + ", ".join(f"{name} ({n})" for name, n in top)
     message = (
         f"{per_step:.2f} synchronisations per step ({calls} in {where}{over}{made}): each "
@@ -574,7 +546,7 @@ def _rank_values(ranks: MultiRankSummary, quantity: str) -> list[tuple[int, floa
             value = row.others_avg
         else:
             value = row.phase_avg.get(quantity)
-        number = _finite(value)
+        number = as_finite(value)
         if number is not None:
             out.append((row.rank, number))
     return out
@@ -592,7 +564,7 @@ def slow_ranks(inp: AdviceInputs) -> list[Advice]:
         # The ranks wait for each other: the slowest rank in a phase may be
         # a victim, so the culprit decision (straggler.py) speaks instead.
         return culprit_advice(verdict)
-    step_median = _finite(ranks.across["step"].median) if "step" in ranks.across else None
+    step_median = as_finite(ranks.across["step"].median) if "step" in ranks.across else None
     if not step_median:
         return []
     found: list[tuple[float, Advice]] = []
@@ -600,7 +572,7 @@ def slow_ranks(inp: AdviceInputs) -> list[Advice]:
         values = _rank_values(ranks, quantity)
         if len(values) < 2:
             continue
-        median = _finite(ranks.across[quantity].median) if quantity in ranks.across else None
+        median = as_finite(ranks.across[quantity].median) if quantity in ranks.across else None
         if median is None:
             continue
         rank, worst = max(values, key=lambda rv: (rv[1], -rv[0]))
@@ -680,8 +652,8 @@ def unstable_timing(inp: AdviceInputs) -> list[Advice]:
     if perf is None:
         return []
     stats = perf.batch_cost
-    avg, stdev = _finite(stats.avg), _finite(stats.stdev)
-    median, peak = _finite(stats.median), _finite(stats.max)
+    avg, stdev = as_finite(stats.avg), as_finite(stats.stdev)
+    median, peak = as_finite(stats.median), as_finite(stats.max)
     if stats.n < MIN_STEPS or not avg or not median or stdev is None or peak is None:
         return []
     cv = stdev / avg
@@ -729,42 +701,3 @@ def advise(inputs: AdviceInputs, rules: Iterable[Rule] = RULES) -> list[Advice]:
 
 
 # -- from a report -----------------------------------------------------------------------------
-
-
-def _uses_gpu(report: Report, ranks: Sequence[RankResult]) -> bool:
-    if report.model is not None and report.model.has_gpu:
-        return True
-    return any(bool(r.data.get("gpu")) or bool(r.data.get("cuda")) for r in ranks)
-
-
-def inputs_for(
-    report: Report, ref: Optional[RankResult], ranks: Sequence[RankResult]
-) -> AdviceInputs:
-    """The rules' inputs from a built report and the rank files it came from
-    (`ref` is the rank whose Perf and Model Summaries the report shows)."""
-    data: Mapping[str, Any] = ref.data if ref is not None else {}
-    device = data.get("device")
-    cpu_count = _int(device.get("cpu_count")) if isinstance(device, Mapping) else None
-    host = (data.get("env") or {}).get("hostname")
-    on_host = sum(1 for r in ranks if (r.data.get("env") or {}).get("hostname") == host)
-    extra = data.get("extra")
-    init = extra.get("dataloader_init") if isinstance(extra, Mapping) else None
-    loaders = data.get("dataloaders")
-    window = report.window
-    reference = window.reference if window is not None else None
-    return AdviceInputs(
-        perf=report.perf,
-        model=report.model,
-        ranks=report.ranks,
-        device=report.device,
-        uses_gpu=_uses_gpu(report, ranks),
-        dataloaders=[d for d in loaders if isinstance(d, Mapping)]
-        if isinstance(loaders, list) else [],
-        dataloader_init=init if isinstance(init, Mapping) else None,
-        steps=report.title.steps_recorded,
-        cpu_count=cpu_count,
-        ranks_per_host=max(1, on_host) if host else 1,
-        window=tuple(window.window) if window is not None else None,
-        window_summary=reference.summary if reference is not None else None,
-        window_rank=reference.rank if reference is not None else None,
-    )

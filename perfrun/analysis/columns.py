@@ -1,12 +1,13 @@
-"""Step quantities over whole columns: the per-row definitions of
-summary.py (step_time, others_time, ...) computed for every step at once.
+"""Step quantities over whole columns, every step at once: the definitions
+of a step's time, its phases, Others and its GPU time.
 
 A rank's steps arrive as a (steps, STEP_COLUMNS) float64 array with NaN for
-a value not recorded (results.RankResult.table). Looping over a million rows
-in Python costs tens of seconds; these cost milliseconds, and they keep the
-row functions' rules exactly: a missing or non-finite time counts as zero, a
-step never lasts less than nothing, Others is never negative, and a step
-has GPU time when any of its GPU cells was recorded.
+a value not recorded (store/rankfile.py, RankResult.table). Looping over a
+million rows in Python costs tens of seconds; these cost milliseconds. The
+rules: a missing or non-finite time counts as zero, a step never lasts less
+than nothing, Others is never negative, and a step has GPU time when any of
+its GPU cells was recorded (tests/oracle.py holds the same rules one row at
+a time, and the tests hold the two against each other).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from perfrun.results import COL, PHASES
+from perfrun.store.rankfile import rows_table
+from perfrun.store.stepfile import COL, PHASES
 
 _START, _END, _EXCLUDED, _SAMPLES = COL["start"], COL["end"], COL["excluded"], COL["samples"]
 _PHASE_COLS = [COL[p] for p in PHASES]
@@ -31,14 +33,12 @@ def as_table(rows: Any) -> Table:
     """A table from a table, or from rows as lists (None for missing)."""
     if isinstance(rows, np.ndarray):
         return rows
-    rows = list(rows)
-    if not rows:
-        return np.empty((0, len(COL)), dtype=np.float64)
-    return np.array(rows, dtype=np.float64)
+    return rows_table(rows)
 
 
 def num(values: Any) -> Any:
-    """Missing (NaN) and non-finite cells as zero, like summary._num."""
+    """Missing (NaN) and non-finite cells as zero: a time not recorded
+    adds nothing."""
     values = np.asarray(values, dtype=np.float64)
     return np.where(np.isfinite(values), values, 0.0)
 
@@ -93,7 +93,7 @@ def gpu_others_times(t: Table) -> Any:
 
 def samples(t: Table) -> Any:
     """Samples per step as float, NaN where unknown (missing, or not a
-    positive count: summary.row_samples)."""
+    positive count)."""
     values = t[:, _SAMPLES]
     whole = np.trunc(np.where(np.isfinite(values), values, 0.0))
     return np.where(whole > 0, whole, np.nan)

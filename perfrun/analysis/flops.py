@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from perfrun.analysis import columns
-from perfrun.peaks import Peak, peak_for
+from perfrun.analysis.peaks import Peak, peak_for
 
 #: (row name in the Model Summary, key in the rank's `flops`, phase column).
 PHASE_ROWS = (

@@ -54,7 +54,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..schema import COL, PHASES
+from perfrun.store.stepfile import COL, PHASES
 
 #: A straggler costs at least this share of the median step ...
 CULPRIT_MIN_SHARE = 0.05

@@ -4,6 +4,7 @@ profiler trace) and their step rows."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -11,8 +12,10 @@ from typing import Any, Optional
 import numpy as np
 
 from perfrun.analysis import columns
-from perfrun.analysis.summary import ModelSummary, model_summary, steady_table
-from perfrun.results import RankResult
+from perfrun.analysis.selection import rank_counted
+from perfrun.analysis.summary import ModelSummary, model_summary
+from perfrun.analysis.trace import summarize
+from perfrun.store.rankfile import RankResult
 
 # --sort-by key -> the field of a table row it sorts on (descending, except name).
 SORT_FIELDS = {
@@ -93,7 +96,11 @@ def window_report(
     ref: Optional[RankResult],
     window: Optional[tuple[int, int]],
     warmup: int,
+    table: Any = None,
 ) -> Optional[WindowReport]:
+    """The window's tables, from the ranks' window summaries, and how much
+    slower its steps ran than the others. `table`: `ref`'s steps, when the
+    caller has read them already."""
     if window is None or ref is None:
         return None
     settings = ref.data.get("settings") or {}
@@ -105,14 +112,15 @@ def window_report(
         summary = rank.data.get("window_summary")
         if isinstance(summary, dict):
             report.ranks.append(RankWindow(rank.rank, summary))
-    table = ref.table
+    if table is None:
+        table = ref.table
     n_steps = int(table.shape[0])
     inside = table[start:max(start, min(end, n_steps))]
     first = start
     profiled = ref.data.get("profiled")
     if isinstance(profiled, (list, tuple)) and len(profiled) == 2 and isinstance(profiled[0], int):
         first = min(start, profiled[0])  # the profiler's warm-up step is no outside step
-    outside = steady_table(ref, warmup, (first, end))
+    outside = rank_counted(ref, warmup, (first, end)).take(table)
     if inside.shape[0]:
         report.model = model_summary(inside)
         report.window_median = float(np.median(columns.step_times(inside)))
@@ -157,3 +165,43 @@ def trace_window_report(traces: Sequence[tuple[int, str, dict[str, Any]]]) -> Wi
         which = f" #{ids[0]}..#{ids[1]}" if isinstance(ids, list) and len(ids) == 2 else ""
         report.label = f"{name}: {s.get('steps', 0)} steps{which} ({source})"
     return report
+
+
+@dataclass
+class TraceAnalysis:
+    """`perfrun analyze`: the window tables of torch.profiler traces a user
+    already has, one file per rank, computed as the window computes its own.
+    `traces` are (path, rank, summary) in the files' order."""
+
+    traces: list[tuple[str, int, dict[str, Any]]]
+    window: WindowReport
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "perfrun-analyze",
+            "version": 1,
+            "traces": [{"path": p, "rank": r, "summary": s} for p, r, s in self.traces],
+            "notes": list(self.notes),
+        }
+
+
+def analyze_traces(loaded: Sequence[Any]) -> TraceAnalysis:
+    """The analysis of loaded traces (tracefile.Trace: path, rank, events,
+    skipped). Ranks come from the traces; where they are missing or repeat,
+    the files' order numbers them."""
+    ranks = [t.rank for t in loaded]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        ranks = list(range(len(loaded)))
+    traces = []
+    named = []
+    notes = []
+    for rank, trace in zip(ranks, loaded):
+        summary = summarize(trace.events)
+        traces.append((trace.path, int(rank), summary))
+        named.append((int(rank), os.path.basename(trace.path), summary))
+        if trace.skipped:
+            notes.append(f"{trace.path}: {trace.skipped} malformed events skipped")
+        if not trace.events:
+            notes.append(f"{trace.path}: no events")
+    return TraceAnalysis(traces, trace_window_report(named), notes)

@@ -11,20 +11,15 @@ Why this shape:
   plotly's Python figure classes: those validate every attribute and cost
   more than the whole report, and the report is written at the end of
   every run.
-- The tables are the text renderers' own blocks (report/common.py,
-  window_blocks.py, compare_out.py), so a number on the page is the number
+- The tables are the text renderers' own blocks (content.py,
+  window_blocks.py, comparison.py), so a number on the page is the number
   in the terminal; the charts add what a table cannot show (step time over
   the run, ranks side by side, the module tree, the two distributions of a
   comparison).
-- A run of 10^6 steps would make a per-step plot of tens of MB. Past
-  MAX_BUCKETS steps, consecutive steps are grouped into equal buckets: the
-  stacked phases are each bucket's mean (so they still add up to its mean
-  step time) and the step time's min and max in each bucket are drawn as an
-  envelope, so a single slow step is never averaged away. Distributions
-  (box plots) are drawn from precomputed quartiles, never from the points.
-
-The pure functions (`step_series`, `rank_phase_medians`, `box_stats`) decide
-the numbers; the rest only lays them out.
+- The page is drawn from the Report alone: its series, medians and
+  distributions are computed with the rest of the Report
+  (analysis/series.py, which also says how a 10^6-step run is bucketed), so
+  the page never reads the run again and cannot disagree with the tables.
 """
 
 from __future__ import annotations
@@ -34,31 +29,24 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis import columns
-from perfrun.analysis.summary import (
-    PHASE_TITLES,
-    Report,
-    profiled_steps,
-    rank_window,
-    steady_table,
-)
-from perfrun.report.common import Block, LinesBlock, TableBlock, TitleBlock, blocks
-from perfrun.results import COL, PHASES, RunResults
+from perfrun.analysis.compare import Comparison
+from perfrun.analysis.report import Report
+from perfrun.analysis.series import QUANTITIES
+from perfrun.analysis.summary import PHASE_TITLES
+from perfrun.report.comparison import comparison_blocks, verdict_line
+from perfrun.report.content import blocks
+from perfrun.report.jsonout import finite
+from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock
+from perfrun.store.files import atomic_write_text
+from perfrun.store.layout import REPORT_FILE
 
-#: At most this many points per series in the step-time chart: beyond it,
-#: buckets of consecutive steps (mean phases, min / max envelope). 2,000
-#: points is about the width of a screen in pixels, so no detail a reader
-#: could see is lost, and a 10^6-step run adds ~0.5 MB to the page.
-MAX_BUCKETS = 2000
 #: Rows per window table in the page (the terminal's default is 20): the
 #: page's tables sort and filter, so they can hold every operator.
 HTML_ROW_LIMIT = 1000
-#: The file written into every run folder at the end of a run.
-REPORT_FILE = "report.html"
 
 #: Colours per phase, shared by every chart (a phase reads alike everywhere).
 PHASE_COLOURS = {
@@ -68,7 +56,6 @@ PHASE_COLOURS = {
     "optimization": "#f2a541",
     "others": "#a0a0a0",
 }
-QUANTITIES = (*PHASES, "others")
 TITLES = {**PHASE_TITLES, "others": "Others", "step": "Step"}
 
 
@@ -80,117 +67,6 @@ def _ms(values: Any) -> list[Optional[float]]:
     and a third of the JSON of full float64 reprs."""
     arr = np.asarray(values, dtype=np.float64) * 1e3
     return [round(float(v), 4) if math.isfinite(v) else None for v in arr]
-
-
-def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
-    """Per-step (or per-bucket) series of one rank's steps for the chart.
-
-    Returns `x` (each point's first step index), `size` (steps per bucket,
-    1 when every step is drawn), the mean of each phase and of Others, the
-    step time's mean, min and max, and per point the time set aside from
-    the steps (`excluded`: eval passes, DataLoader start-up, end of data,
-    the profiler) summed, with the number of steps that had any. Bucket
-    means of the phases add up to the bucket's mean step time, as each
-    step's phases add up to its time.
-    """
-    n = int(table.shape[0])
-    step = columns.step_times(table)
-    parts = {p: columns.phase_times(table, p) for p in PHASES}
-    parts["others"] = columns.others_times(table)
-    excluded = columns.num(table[:, COL["excluded"]])
-    size = max(1, math.ceil(n / max_points)) if n else 1
-    if size == 1:
-        return {
-            "x": list(range(n)),
-            "size": 1,
-            "n": n,
-            "phases": {k: v for k, v in parts.items()},
-            "step": step,
-            "min": step,
-            "max": step,
-            "excluded": excluded,
-            "excluded_steps": (excluded > 0).astype(np.int64),
-        }
-    starts = np.arange(0, n, size)
-    counts = np.diff(np.append(starts, n)).astype(np.float64)
-
-    def mean(values: Any) -> Any:
-        return np.add.reduceat(values, starts) / counts
-
-    return {
-        "x": starts.tolist(),
-        "size": size,
-        "n": n,
-        "phases": {k: mean(v) for k, v in parts.items()},
-        "step": mean(step),
-        "min": np.minimum.reduceat(step, starts),
-        "max": np.maximum.reduceat(step, starts),
-        "excluded": np.add.reduceat(excluded, starts),
-        "excluded_steps": np.add.reduceat((excluded > 0).astype(np.int64), starts),
-    }
-
-
-def box_stats(values: Any) -> Optional[dict[str, float]]:
-    """Quartiles, median, mean, min and max of `values` (seconds): a box
-    plot drawn from these costs the same for 10 steps as for 10^7."""
-    arr = np.asarray(values, dtype=np.float64)
-    arr = arr[np.isfinite(arr)]
-    if not arr.size:
-        return None
-    q1, med, q3 = np.percentile(arr, [25, 50, 75])
-    return {
-        "min": float(arr.min()),
-        "q1": float(q1),
-        "median": float(med),
-        "q3": float(q3),
-        "max": float(arr.max()),
-        "mean": float(arr.mean()),
-        "n": int(arr.size),
-    }
-
-
-def _steady(report: Report, rank: Any) -> Any:
-    t = report.title
-    window = profiled_steps(rank)
-    return steady_table(rank, t.warmup, window, t.window_excluded)
-
-
-def rank_phase_medians(run: RunResults, report: Report) -> dict[str, Any]:
-    """Each rank's median time per step in each phase, Others and the whole
-    step, over its steady steps (warm-up and the detailed window left out,
-    as in the Perf Summary). Medians, not means: one slow step (a
-    checkpoint, a GC pause) must not make a rank look slow in a phase.
-
-    Returns `ranks` (rank numbers), `quantities` (phase keys, then
-    "others", "step"), `values` (seconds, ranks x quantities, None where a
-    rank has no steady step) and `slowest` (quantity -> rank), the rank with
-    the highest median per quantity when there are several ranks.
-    """
-    quantities = [*QUANTITIES, "step"]
-    ranks, values = [], []
-    for rank in run.ranks:
-        table = _steady(report, rank)
-        ranks.append(rank.rank)
-        if not table.shape[0]:
-            values.append([None] * len(quantities))
-            continue
-        row = []
-        for q in quantities:
-            if q == "step":
-                series = columns.step_times(table)
-            elif q == "others":
-                series = columns.others_times(table)
-            else:
-                series = columns.phase_times(table, q)
-            row.append(float(np.median(series)))
-        values.append(row)
-    slowest: dict[str, int] = {}
-    if len(ranks) > 1:
-        for j, q in enumerate(quantities):
-            known = [(v[j], r) for r, v in zip(ranks, values) if v[j] is not None]
-            if known and max(known)[0] > 0:
-                slowest[q] = max(known)[1]
-    return {"ranks": ranks, "quantities": quantities, "values": values, "slowest": slowest}
 
 
 # -- charts (plotly JSON) --------------------------------------------------------------
@@ -211,16 +87,16 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
     return layout
 
 
-def step_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
+def step_chart(report: Report) -> Optional[dict[str, Any]]:
     """Step time over the whole run: the reference rank's phases stacked,
     the min / max envelope, warm-up and the detailed window shaded, steps
     holding set-aside time (eval, DataLoader start-up) marked, the steady
     median and its 10th-90th percentile band; other ranks' step times as
     lines that can be switched on from the legend."""
-    ref = next((r for r in run.ranks if r.rank == report.title.rank), None)
-    if ref is None or not ref.n_steps:
+    series = report.series
+    if series is None or series.steps is None:
         return None
-    s = step_series(ref.table)
+    s = series.steps
     x = s["x"]
     per = "step" if s["size"] == 1 else f"bucket of {s['size']} steps"
     data: list[dict[str, Any]] = []
@@ -254,12 +130,9 @@ def step_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
             "marker": {"symbol": "triangle-down", "size": 8, "color": "#7b2cbf"},
             "hovertemplate": "set aside from the step: %{customdata:.4f} ms",
         })
-    for other in run.ranks:
-        if other is ref or not other.n_steps:
-            continue
-        o = step_series(other.table)
+    for rank, o in series.others:
         data.append({
-            "type": "scatter", "mode": "lines", "name": f"rank {other.rank} step",
+            "type": "scatter", "mode": "lines", "name": f"rank {rank} step",
             "x": o["x"], "y": _ms(o["step"]), "visible": "legendonly",
             "line": {"width": 1}, "hovertemplate": "%{y:.4f} ms",
         })
@@ -281,15 +154,15 @@ def step_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
 
     if title.warmup:
         region(0, min(title.warmup, n), "#f4d35e", f"warm-up ({title.warmup})")
-    profiled, window = profiled_steps(ref), rank_window(ref)
+    profiled, window = series.profiled, series.window
     if profiled:
         label = f"window [{window[0]}, {window[1]})" if window else "window"
         if window and tuple(profiled) != tuple(window):
             label += " and the profiler's warm-up step"
         region(profiled[0], min(profiled[1], n), "#ee964b", label)
-    steady = columns.step_times(_steady(report, ref))
-    if steady.size:
-        p10, med, p90 = (float(v) for v in np.percentile(steady, [10, 50, 90]))
+    steady = series.steady
+    if steady is not None:
+        p10, med, p90 = steady["p10"], steady["median"], steady["p90"]
         shapes.append({
             "type": "rect", "xref": "paper", "yref": "y", "x0": 0, "x1": 1,
             "y0": p10 * 1e3, "y1": p90 * 1e3, "fillcolor": "#2a9d8f", "opacity": 0.12,
@@ -305,9 +178,9 @@ def step_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
             "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": "#1d6b62"},
             "bgcolor": "rgba(255,255,255,0.8)",
             "text": f"steady median {med * 1e3:.4f} ms (p10-p90 {p10 * 1e3:.4f}-"
-                    f"{p90 * 1e3:.4f} ms, {steady.size} steps)",
+                    f"{p90 * 1e3:.4f} ms, {steady['n']} steps)",
         })
-    heading = f"Step time over the run (rank {ref.rank}, {n} steps, one point per {per})"
+    heading = f"Step time over the run (rank {series.rank}, {n} steps, one point per {per})"
     yaxis: dict[str, Any] = {"title": {"text": "ms"}, "rangemode": "tozero"}
     # A few spikes (a checkpoint, a flush) in the max envelope would flatten
     # the stacked phases into a line at the bottom: the axis starts cut
@@ -400,14 +273,11 @@ def _box(name: str, stats: dict[str, float], colour: Optional[str] = None) -> di
     return box
 
 
-def rank_box_chart(run: RunResults, report: Report) -> Optional[dict[str, Any]]:
+def rank_box_chart(report: Report) -> Optional[dict[str, Any]]:
     """Per-rank step-time distributions over steady steps: box = quartiles,
     whiskers = min and max, dashed = mean."""
-    data = []
-    for rank in run.ranks:
-        stats = box_stats(columns.step_times(_steady(report, rank)))
-        if stats:
-            data.append(_box(f"rank {rank.rank}", stats))
+    boxes = report.series.boxes if report.series is not None else []
+    data = [_box(f"rank {rank}", stats) for rank, stats in boxes]
     if not data:
         return None
     layout = _layout(
@@ -480,22 +350,18 @@ def module_icicle(window: dict[str, Any], rank: int) -> Optional[dict[str, Any]]
     return {"data": data, "layout": layout}
 
 
-def comparison_charts(comparison: Any, base_run: Optional[RunResults],
-                      current_run: Optional[RunResults]) -> list[tuple[str, dict[str, Any]]]:
+def comparison_charts(comparison: Comparison) -> list[tuple[str, dict[str, Any]]]:
     """Both runs' steady step-time distributions, and the gate's ratio with
     its interval against the threshold."""
     out: list[tuple[str, dict[str, Any]]] = []
     boxes = []
-    for label, run, rep, colour in (
-        ("baseline", base_run, comparison.base_report, "#8d99ae"),
-        ("current", current_run, comparison.current_report, "#e4572e"),
+    for label, rep, colour in (
+        ("baseline", comparison.base_report, "#8d99ae"),
+        ("current", comparison.current_report, "#e4572e"),
     ):
-        if run is None or rep is None:
+        if rep is None or rep.series is None:
             continue
-        ref = next((r for r in run.ranks if r.rank == rep.title.rank), None)
-        if ref is None:
-            continue
-        stats = box_stats(columns.step_times(_steady(rep, ref)))
+        stats = rep.series.box(rep.title.rank)
         if stats:
             boxes.append(_box(f"{label} ({stats['n']} steps)", stats, colour))
     if boxes:
@@ -720,12 +586,9 @@ def _page(title: str, sections: list[tuple[str, str, str]]) -> str:
     )
 
 
-def _environment_html(run: RunResults) -> str:
-    from perfrun.baseline import fingerprint
-
-    fp = fingerprint(run)
+def _environment_html(report: Report) -> str:
     rows = []
-    for key, value in fp.items():
+    for key, value in report.environment.items():
         if value in (None, [], {}, ""):
             continue
         if isinstance(value, (list, dict)):
@@ -734,22 +597,18 @@ def _environment_html(run: RunResults) -> str:
     return f'<table class="kv" id="fingerprint">{"".join(rows)}</table>'
 
 
-def _trace_html(report: Report, run: RunResults, base_dir: Optional[str]) -> str:
+def _trace_html(report: Report, base_dir: Optional[str]) -> str:
     """A link to each rank's window trace, relative to where the page is
     written (so the run folder can be copied whole), and the one command
     that opens it in Perfetto's UI."""
-    if report.window is None:
+    if report.window is None or report.series is None:
         return ""
     lines = []
-    for rank in run.ranks:
-        s = rank.data.get("window_summary") or {}
-        trace = s.get("trace") if isinstance(s, dict) else None
-        if not trace:
-            continue
-        path = os.path.join(run.run_dir, trace)
+    for rank, trace in report.series.traces:
+        path = os.path.join(report.title.run_dir, trace)
         href = os.path.relpath(path, base_dir) if base_dir else "file://" + os.path.abspath(path)
         lines.append(
-            f'<li>rank {rank.rank}: <a href="{_esc(href)}">{_esc(trace)}</a> — open '
+            f'<li>rank {rank}: <a href="{_esc(href)}">{_esc(trace)}</a> — open '
             f'<a href="https://ui.perfetto.dev">ui.perfetto.dev</a> and drop the file on it, '
             f"or from a shell: <code>curl -LO https://raw.githubusercontent.com/google/perfetto/"
             f"main/tools/open_trace_in_ui &amp;&amp; python3 open_trace_in_ui -i "
@@ -788,7 +647,7 @@ def _advice_html(report: Report) -> str:
             continue
         d = a.to_dict()
         actions = "".join(f"<li>{_esc(x)}</li>" for x in d.get("actions") or [])
-        evidence = json.dumps(_finite(d.get("evidence")), sort_keys=True, indent=1)
+        evidence = json.dumps(finite(d.get("evidence")), sort_keys=True, indent=1)
         out.append(
             f'<div class="advice"><h3>{_esc(d.get("title"))}</h3><p>{_esc(d.get("message"))}</p>'
             f"<p>Try:</p><ul>{actions}</ul><details><summary>the numbers it rests on"
@@ -797,38 +656,26 @@ def _advice_html(report: Report) -> str:
     return "".join(out) or "<p>No advice: nothing stood out.</p>"
 
 
-def _finite(value: Any) -> Any:
-    from perfrun.report.jsonout import finite
-
-    return finite(value)
-
-
-def render_html(report: Report, run: RunResults, base_dir: Optional[str] = None,
-                comparison: Any = None, base_run: Optional[RunResults] = None) -> str:
+def render_html(report: Report, base_dir: Optional[str] = None,
+                comparison: Optional[Comparison] = None) -> str:
     """The whole page of one run (with a comparison, when the run was
     gated). `base_dir` is the folder the page will be written to, for
     relative links to the trace files; None for absolute ones."""
-    view = dict(report.view)
     # The page's tables sort, filter and scroll: every row, whole names.
-    report.view = dict(view, row_limit=max(int(view.get("row_limit") or 0), HTML_ROW_LIMIT),
-                       name_width=4096)
-    try:
-        items = blocks(report)
-    finally:
-        report.view = view
-    groups = _split(items)
+    view = dict(report.view, name_width=4096,
+                row_limit=max(int(report.view.get("row_limit") or 0), HTML_ROW_LIMIT))
+    groups = _split(blocks(report, view))
     sections: list[tuple[str, str, str]] = [("head", "", blocks_html(groups["title"]))]
     if comparison is not None:
-        sections.append(("compare", "Comparison with the baseline",
-                         comparison_body(comparison, base_run, run)))
-    chart = step_chart(run, report)
+        sections.append(("compare", "Comparison with the baseline", comparison_body(comparison)))
+    chart = step_chart(report)
     if chart is not None:
         sections.append(("steps", "Step time over the run", _chart_div("steps", chart)))
     sections.append(("summary", "Summaries", blocks_html(groups["summary"])))
-    if len(run.ranks) > 1:
-        medians = rank_phase_medians(run, report)
+    medians = report.series.medians if report.series is not None else {}
+    if len(medians.get("ranks") or ()) > 1:
         parts = [_chart_div("heatmap", heatmap_chart(medians)), _medians_table(medians)]
-        box = rank_box_chart(run, report)
+        box = rank_box_chart(report)
         if box is not None:
             parts.append(_chart_div("rank-box", box))
         parts.append(blocks_html(groups["ranks"]))
@@ -841,13 +688,13 @@ def render_html(report: Report, run: RunResults, base_dir: Optional[str] = None,
                           ("modules", module_icicle(window, rank))):
             if spec is not None:
                 parts.append(_chart_div(key, spec))
-        parts.append(_trace_html(report, run, base_dir))
+        parts.append(_trace_html(report, base_dir))
         parts.append(f'<div class="scroll">{blocks_html(groups["window"])}</div>')
         sections.append(("window", "Detailed window", "".join(parts)))
     sections.append(("advice", "Advice", _advice_html(report)))
     if groups["rest"]:
         sections.append(("more", "Outside the steps, notes", blocks_html(groups["rest"])))
-    sections.append(("environment", "Environment", _environment_html(run)))
+    sections.append(("environment", "Environment", _environment_html(report)))
     return _page("perfrun report", sections)
 
 
@@ -870,16 +717,13 @@ def _medians_table(medians: dict[str, Any]) -> str:
     )
 
 
-def comparison_body(comparison: Any, base_run: Optional[RunResults],
-                    current_run: Optional[RunResults]) -> str:
-    from perfrun.report.compare_out import comparison_blocks, verdict_line
-
+def comparison_body(comparison: Comparison) -> str:
     gate = comparison.gate
     kind = "none" if gate is None else gate.verdict.value
     if comparison.problem:
         kind = "fail"
     parts = [f'<p class="verdict {kind}" id="verdict">{_esc(verdict_line(comparison))}</p>']
-    for key, spec in comparison_charts(comparison, base_run, current_run):
+    for key, spec in comparison_charts(comparison):
         parts.append(_chart_div(key, spec))
     items = [b for b in comparison_blocks(comparison) if not isinstance(b, TitleBlock)
              and getattr(b, "key", "") != "verdict"]
@@ -887,42 +731,25 @@ def comparison_body(comparison: Any, base_run: Optional[RunResults],
     return "".join(parts)
 
 
-def render_comparison_html(comparison: Any, base_run: Optional[RunResults],
-                           current_run: Optional[RunResults]) -> str:
+def render_comparison_html(comparison: Comparison) -> str:
     """`perfrun compare --format html`: the comparison, then the current
     run's environment."""
     head = TitleBlock("perfrun compare", [("Baseline", comparison.base_label),
                                           ("Current", comparison.current_label)],
                       code_labels=("Baseline", "Current"))
     sections = [("head", "", blocks_html([head])),
-                ("compare", "Comparison", comparison_body(comparison, base_run, current_run))]
-    if current_run is not None and current_run.ranks:
+                ("compare", "Comparison", comparison_body(comparison))]
+    current = comparison.current_report
+    if current is not None and current.title.rank is not None:
         sections.append(("environment", "Environment (current run)",
-                         _environment_html(current_run)))
+                         _environment_html(current)))
     return _page("perfrun compare", sections)
 
 
-def write_html(report: Report, run: RunResults, stream: IO[str],
-               base_dir: Optional[str] = None) -> None:
-    stream.write(render_html(report, run, base_dir))
-    stream.flush()
-
-
-def write_run_html(run_dir: str, report: Optional[Report] = None,
-                   run: Optional[RunResults] = None, comparison: Any = None,
-                   base_run: Optional[RunResults] = None) -> str:
-    """Write `<run_dir>/report.html` (atomically: a reader never sees half a
-    page) and return its path. `report` and `run`, when the caller already
-    has them, save reading and summarising the run again."""
-    from perfrun.results import atomic_write_text, read_run
-
-    if run is None:
-        run = read_run(run_dir)
-    if report is None:
-        from perfrun.analysis.summary import build_report
-
-        report = build_report(run)
-    page = render_html(report, run, run_dir, comparison=comparison, base_run=base_run)
-    path = os.path.join(run_dir, REPORT_FILE)
+def write_run_html(report: Report, comparison: Optional[Comparison] = None) -> str:
+    """Write the page into the report's run folder (`report.html`,
+    atomically: a reader never sees half a page) and return its path."""
+    page = render_html(report, report.title.run_dir, comparison=comparison)
+    path = os.path.join(report.title.run_dir, REPORT_FILE)
     atomic_write_text(path, page)
     return path

@@ -1,9 +1,10 @@
 """The report as one JSON document, for scripts and dashboards.
 
 Numbers are raw (seconds, fractions, bytes, unrounded) under stable keys;
-formatting is the reader's business. The document is always strict JSON:
-a non-finite float, which `json.dumps` would write as the non-standard
-`NaN` / `Infinity`, becomes null.
+formatting is the reader's business. The report's part is always strict
+JSON: a non-finite float, which `json.dumps` would write as the
+non-standard `NaN` / `Infinity`, becomes null. The `results` that end a
+run's report are the rank documents as their files hold them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from perfrun.analysis.summary import Report
+from perfrun.analysis.report import Report
 
 
 def finite(value: Any) -> Any:
@@ -27,4 +28,12 @@ def finite(value: Any) -> Any:
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(finite(report.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+    """The report's numbers, then (when the report carries them) the merged
+    results it was built from, as their files hold them."""
+    doc = report.to_dict()
+    results = doc.pop("results", None)
+    doc = finite(doc)
+    if results is None:
+        return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False)
+    doc["results"] = results
+    return json.dumps(doc, indent=2, sort_keys=True, default=str)

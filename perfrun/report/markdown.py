@@ -4,8 +4,9 @@ terminal width, no dates), so tests can compare it with stored text."""
 
 from __future__ import annotations
 
-from perfrun.analysis.summary import Report
-from perfrun.report.common import Block, LinesBlock, TableBlock, TitleBlock, blocks
+from perfrun.analysis.report import Report
+from perfrun.report.content import blocks
+from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock
 
 
 def _cell(text: str) -> str:

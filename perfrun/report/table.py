@@ -15,15 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from perfrun.analysis.summary import Report
-from perfrun.report.common import (
-    Block,
-    LinesBlock,
-    TableBlock,
-    TitleBlock,
-    blocks,
-    middle,
-)
+from perfrun.analysis.report import Report
+from perfrun.report.content import blocks
+from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock, middle
 
 #: Width used when the output is not a terminal (a pipe, a file, CI).
 PIPE_WIDTH = 120

@@ -1,4 +1,4 @@
-"""The detailed window's tables as format-neutral blocks (see common.py):
+"""The detailed window's tables as format-neutral blocks (primitives.py):
 Overview, Model, Operator, Kernel, Distributed, Memory Manipulation, Memory,
 UserDefined. Every table honours --sort-by, --row-limit and --time-unit."""
 
@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from perfrun.analysis.trace import PHASE_TYPES
 from perfrun.analysis.window import WindowReport, sort_rows
-from perfrun.report.common import (
+from perfrun.report.primitives import (
     DASH,
     Block,
     Column,
@@ -17,8 +17,8 @@ from perfrun.report.common import (
     fmt_bytes,
     fmt_num,
     middle,
-    model_block,
 )
+from perfrun.report.summary_blocks import model_block
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 

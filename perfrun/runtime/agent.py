@@ -15,22 +15,21 @@ import json
 import os
 import platform
 import signal
-import socket
 import sys
 import threading
 import time
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-from .. import __version__
-from ..results import COL, FORMAT, STEP_COLUMNS, VERSION, atomic_write_text, rank_filename
 from ..settings import Settings
-from ..stepfile import StepWriter, steps_path
+from ..store.layout import rank_filename, stack_path, steps_path
+from ..store.rankfile import environment, rank_document, rank_identity, write_rank_file
+from ..store.stepfile import COL, STEP_COLUMNS, StepWriter
 from . import hooks
 from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
 from .hooks import OFF, HookState
-from .lite import ended_status
+from .lifeline import STACK_SIGNAL, ended_status
 from .modules import ModuleRanges, RootTracker
 from .position import describe, locate
 from .steps import WIDTH, StepTracker
@@ -49,12 +48,13 @@ class Agent:
         # As the rank file gives them: made once (the settings are frozen),
         # not at every save, where it cost half a millisecond of the GIL.
         self._settings_doc = json.loads(self.settings.to_json())
+        self._platform = platform.platform()
         self.payload = payload
-        env = os.environ
-        self.rank = _int(env.get("RANK"), 0)
-        self.local_rank = _int(env.get("LOCAL_RANK"), 0)
-        self.world_size = _int(env.get("WORLD_SIZE"), 1)
-        self.restart = _int(env.get("TORCHELASTIC_RESTART_COUNT"), 0)
+        self.identity = rank_identity(os.environ)
+        self.rank = self.identity["rank"]
+        self.local_rank = self.identity["local_rank"]
+        self.world_size = self.identity["world_size"]
+        self.restart = self.identity["restart"]
         self.run_dir = payload["run_dir"]
         self.path = os.path.join(self.run_dir, rank_filename(self.rank, self.restart))
         # The rank's clock starts at boot, before the script ran.
@@ -139,8 +139,6 @@ class Agent:
         it sets later replaces ours (the report then says no stack)."""
         try:
             import faulthandler
-
-            from ..hang import STACK_SIGNAL, stack_path
 
             previous = signal.getsignal(STACK_SIGNAL)
             self._stack_file = open(stack_path(self.run_dir, self.rank, self.restart), "w")
@@ -505,56 +503,41 @@ class Agent:
             # rows written, all or (a write failed) some, are the first.
             tracker.take(writer.written - before)
 
-    def document(self) -> str:
+    def document(self) -> dict[str, Any]:
         writer = self.step_writer
         device = self.sampler.summary() if self.sampler is not None else None
-        doc = {
-            "format": FORMAT,
-            "version": VERSION,
-            "perfrun": __version__,
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "world_size": self.world_size,
-            "restart": self.restart,
-            "status": self.status,
-            "exit": self.exit,
-            "started_unix": self.t0_unix,
-            "elapsed": round(perf_counter() - self.t0, 6),
-            "env": self._env(),
-            "settings": self._settings_doc,
-            "window": list(self.settings.scheduler) if self.settings.scheduler else None,
-            "profiled": (
-                [self.window.start - self.window.warm, self.window.end]
-                if self.window is not None else None
-            ),
-            "window_summary": self.window.result if self.window is not None else None,
-            "nsys_capture": self.window.capture if self.window is not None else None,
-            "module_hook_calls": (
+        tracker = self.tracker
+        window = self.window
+        return rank_document(
+            self.identity,
+            self.status,
+            self.exit,
+            self.t0_unix,
+            round(perf_counter() - self.t0, 6),
+            environment(self._pid, self.payload.get("command"), torch=self.torch_version,
+                        platform=self._platform),
+            self._settings_doc,
+            window=list(self.settings.scheduler) if self.settings.scheduler else None,
+            profiled=[window.start - window.warm, window.end] if window is not None else None,
+            window_summary=window.result if window is not None else None,
+            nsys_capture=window.capture if window is not None else None,
+            module_hook_calls=(
                 self.module_ranges.calls if self.module_ranges is not None else None
             ),
-            "torch_imported": self.torch is not None,
-            "gpu": self.gpu_timer is not None,
-            "cuda": self.cuda,
-            "extra": {
-                "dataloader_init": {
-                    "calls": self.tracker.init_calls,
-                    "time": self.tracker.init_time,
-                },
-                "stop_iteration": {
-                    "calls": self.tracker.stop_calls,
-                    "time": self.tracker.stop_time,
-                },
+            torch_imported=self.torch is not None,
+            gpu=self.gpu_timer is not None,
+            cuda=self.cuda,
+            extra={
+                "dataloader_init": {"calls": tracker.init_calls, "time": tracker.init_time},
+                "stop_iteration": {"calls": tracker.stop_calls, "time": tracker.stop_time},
                 "eval": {
-                    "calls": self.tracker.eval_passes,
-                    "passes": self.tracker.eval_passes,
-                    "batches": self.tracker.eval_batches,
-                    "forward_calls": self.tracker.eval_forward_calls,
-                    "time": self.tracker.eval_time,
+                    "calls": tracker.eval_passes,
+                    "passes": tracker.eval_passes,
+                    "batches": tracker.eval_batches,
+                    "forward_calls": tracker.eval_forward_calls,
+                    "time": tracker.eval_time,
                 },
-                "profiler": {
-                    "calls": self.tracker.own_calls,
-                    "time": self.tracker.own_time,
-                },
+                "profiler": {"calls": tracker.own_calls, "time": tracker.own_time},
                 "flush": {
                     "calls": self._flushes[0],
                     "time": round(self._flushes[1], 6),
@@ -562,19 +545,18 @@ class Agent:
                     "bytes": writer.bytes if writer is not None else 0,
                 },
             },
-            "dataloaders": list(self.loaders.values()),
-            "flops": self._flops_record(),
-            "device": device,
-            "faults": [{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
-            "notes": list(self.notes),
-            "position": self._position_or_none(),
-            "steps": {
+            dataloaders=list(self.loaders.values()),
+            flops=self._flops_record(),
+            device=device,
+            faults=[{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
+            notes=list(self.notes),
+            position=self._position_or_none(),
+            steps={
                 "columns": list(STEP_COLUMNS),
                 "file": os.path.basename(writer.path) if writer is not None else None,
                 "count": writer.written if writer is not None else 0,
             },
-        }
-        return json.dumps(doc, default=str)
+        )
 
     def position(self) -> dict[str, Any]:
         """Where the rank is now, for `perfrun status` and the hang detector:
@@ -619,25 +601,13 @@ class Agent:
             self._append_ready(final)
             if final and self.step_writer is not None:
                 self.step_writer.sync()
-            atomic_write_text(self.path, self.document(), durable=final)
+            write_rank_file(self.path, self.document(), durable=final)
             took = perf_counter() - began
             flushes = self._flushes
             flushes[0] += 1
             flushes[1] += took
             if took > flushes[2]:
                 flushes[2] = took
-
-    def _env(self) -> dict[str, Any]:
-        return {
-            "hostname": socket.gethostname(),
-            "pid": self._pid,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "torch": self.torch_version,
-            "argv": list(getattr(sys, "argv", [])),
-            "command": self.payload.get("command"),
-            "cwd": os.getcwd(),
-        }
 
     def finish(self) -> None:
         if self._finished or os.getpid() != self._pid:
@@ -766,13 +736,6 @@ class Agent:
         # A forked child (DataLoader worker) is not a rank: switch off.
         self.hooks_state.block = OFF
         self._finished = True
-
-
-def _int(value: Optional[str], default: int) -> int:
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        return default
 
 
 _agent: Optional[Agent] = None

@@ -11,86 +11,15 @@ import time.
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import signal
 import sys
 import time
 from time import perf_counter
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-from ..schema import FORMAT, STEP_COLUMNS, VERSION, rank_filename
-
-#: Linux's prctl option: the signal a process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
-#: The variable perfrun's torchrun agent leaves its pid in for its workers.
-AGENT_PID_VAR = "PERFRUN_AGENT_PID"
-
-
-def parent_death_signal() -> Optional[Callable[[], bool]]:
-    """A function that asks the kernel to SIGKILL the calling process when
-    its parent dies, or None where there is no such thing (not Linux).
-
-    Made before a fork and called after it (in `preexec_fn`), so the child
-    only calls into a library that is already loaded. SIGKILL rather than
-    SIGTERM: a script that handles or ignores SIGTERM must not outlive
-    perfrun, whose report it can no longer reach anyway; what a rank
-    flushed before stays in its results file.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError, ImportError):
-        return None
-    kill = int(signal.SIGKILL)
-
-    def arm() -> bool:
-        return prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0) == 0
-
-    return arm
-
-
-def die_with(owner: Optional[int], wrapped: bool = False) -> None:
-    """End this process when its parent ends, and now if `owner` (the
-    process that started this run: perfrun, or torchrun's agent for a
-    worker) has already gone.
-
-    The parent's death is only noticed from the moment the signal is armed:
-    a parent that died before (while this interpreter started) has left
-    this process to init or a subreaper, so the parent is checked again
-    afterwards. `wrapped`: a wrapper (nsys) may stand between `owner` and
-    this process; then the wrapper is the parent, and `owner` itself must
-    still be there.
-    """
-    arm = parent_death_signal()
-    if arm is None or not arm() or owner is None or os.getppid() == owner:
-        return
-    if wrapped:
-        try:
-            os.kill(owner, 0)
-            return
-        except ProcessLookupError:
-            pass
-        except OSError:
-            return
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def ended_status(last: Optional[BaseException], exit: dict[str, Any]) -> str:
-    """The status of a rank whose script ended by itself (`last`: the
-    uncaught exception, if any). An uncaught KeyboardInterrupt (Ctrl-C, or
-    torchrun passing SIGINT on to its workers) makes Python end by SIGINT
-    once the exit handlers ran: the rank was signalled, not finished, and
-    `exit` is told by which signal. Any other exception keeps "finished",
-    the status the report reads `exit.exception` under ("raised X")."""
-    if isinstance(last, KeyboardInterrupt):
-        if exit.get("signal") is None:
-            exit["signal"] = int(signal.SIGINT)
-        return "signalled"
-    return "finished"
+from ..store.layout import rank_filename
+from ..store.rankfile import env_int, environment, rank_document, rank_identity, write_rank_file
+from .lifeline import AGENT_PID_VAR, die_with, ended_status
 
 
 class TorchWatcher:
@@ -129,21 +58,14 @@ class TorchWatcher:
         return spec
 
 
-def _int(value: Optional[str], default: int) -> int:
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        return default
-
-
 class Boot:
     def __init__(self, payload: dict[str, Any]) -> None:
         self.payload = payload
         self.t0 = perf_counter()
         self.t0_unix = time.time()
-        env = os.environ
-        self.rank = _int(env.get("RANK"), 0)
-        self.restart = _int(env.get("TORCHELASTIC_RESTART_COUNT"), 0)
+        self.identity = rank_identity(os.environ)
+        self.rank = self.identity["rank"]
+        self.restart = self.identity["restart"]
         self.path = os.path.join(payload["run_dir"], rank_filename(self.rank, self.restart))
         self.pid = os.getpid()
         self.agent: Any = None
@@ -163,7 +85,7 @@ class Boot:
         another parent and arms itself here."""
         wrapped = bool(self.payload.get("nsys"))
         if self.payload.get("launcher") == "torchrun":
-            owner = _int(os.environ.pop(AGENT_PID_VAR, None), 0) or None
+            owner = env_int(os.environ.pop(AGENT_PID_VAR, None), 0) or None
         else:
             owner = self.payload.get("launcher_pid")
             if owner is None or (os.getppid() == owner and not wrapped):
@@ -207,45 +129,18 @@ class Boot:
                      "signal": None}
         if status == "finished":
             status = ended_status(last, exit_info)
-        env = os.environ
-        doc = {
-            "format": FORMAT,
-            "version": VERSION,
-            "rank": self.rank,
-            "local_rank": _int(env.get("LOCAL_RANK"), 0),
-            "world_size": _int(env.get("WORLD_SIZE"), 1),
-            "restart": self.restart,
-            "status": status,
-            "exit": exit_info,
-            "started_unix": self.t0_unix,
-            "elapsed": round(perf_counter() - self.t0, 6),
-            "env": {
-                "hostname": os.uname().nodename if hasattr(os, "uname") else None,
-                "pid": self.pid,
-                "python": sys.version.split()[0],
-                "argv": list(getattr(sys, "argv", [])),
-                "command": self.payload.get("command"),
-                "cwd": os.getcwd(),
-            },
-            "settings": {
-                k: v
-                for k, v in self.payload.items()
-                if k not in ("pythonpath", "boot_dir", "package_root", "command")
-            },
-            "window": self.payload.get("scheduler"),
-            "torch_imported": False,
-            "gpu": False,
-            "extra": {},
-            "dataloaders": [],
-            "device": None,
-            "faults": [],
-            "notes": [],
-            "steps": {"columns": list(STEP_COLUMNS), "rows": []},
-        }
-        tmp = f"{self.path}.tmp{self.pid}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(doc))
-        os.replace(tmp, self.path)
+        doc = rank_document(
+            self.identity,
+            status,
+            exit_info,
+            self.t0_unix,
+            round(perf_counter() - self.t0, 6),
+            environment(self.pid, self.payload.get("command")),
+            {k: v for k, v in self.payload.items()
+             if k not in ("pythonpath", "boot_dir", "package_root", "command")},
+            window=self.payload.get("scheduler"),
+        )
+        write_rank_file(self.path, doc)
 
 
 def boot(payload: dict[str, Any]) -> Boot:

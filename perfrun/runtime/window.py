@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 from ..analysis.modules import summarize_modules
 from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, summarize
-from ..results import atomic_write_text
+from ..store import layout
+from ..store.files import atomic_write_text
 from .annotations import as_annotations, range_api
 from .gpu import PHASE_NAMES
 
@@ -264,10 +265,9 @@ class ProfilerWindow:
                      for e in prof.key_averages()}
             atomic_write_text(check, json.dumps(table))
         agent = self.agent
-        folder = os.path.join(agent.run_dir, "trace")
-        os.makedirs(folder, exist_ok=True)
-        stem = f"rank{agent.rank}" + (f".restart{agent.restart}" if agent.restart else "")
-        raw = os.path.join(folder, f".{stem}.raw.json")
+        stem = layout.rank_stem(agent.rank, agent.restart)
+        raw = layout.raw_trace_path(agent.run_dir, stem)
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
         prof.export_chrome_trace(raw)
         with open(raw, encoding="utf-8") as f:
             trace = json.load(f)
@@ -285,8 +285,7 @@ class ProfilerWindow:
             events, summary["window_time"], ranges.tree if ranges is not None else None
         )
         events.extend(_perfrun_track(events))
-        name = f"{stem}.pt.trace.json"
-        path = os.path.join(folder, name)
+        path = layout.trace_path(agent.run_dir, stem)
         limit = trace_limit(getattr(agent.settings, "max_trace_mb", 0.0))
         data, gz, cut = fit_trace(trace, limit)
         if gz:
@@ -457,7 +456,7 @@ def nsys_tables(rank: int) -> dict[str, Any]:
     kernels, memory copies and CUDA graph nodes of the same window are in
     nsys's report, written where launch.build_command told nsys to
     (run folder/nsys/rank<R>, relative to the run folder here)."""
-    return {"gpu_tables": "nsys", "nsys_report": f"nsys/rank{rank}.nsys-rep"}
+    return {"gpu_tables": "nsys", "nsys_report": layout.nsys_report(rank)}
 
 
 def _drop_cancelled(events: list[dict[str, Any]], cancelled: dict[int, int]) -> None:

@@ -58,7 +58,9 @@ _MISSING = cuda_missing()
 if _MISSING is not None:
     pytest.skip(f"GPU checks need CUDA: {_MISSING}", allow_module_level=True)
 
-from perfrun.results import COL, RankResult, read_run  # noqa: E402
+from perfrun.store.rankfile import RankResult  # noqa: E402
+from perfrun.store.results import read_run  # noqa: E402
+from perfrun.store.stepfile import COL  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -612,7 +614,7 @@ def test_mfu_of_a_gpt_in_bf16_against_a_hand_calculation(tmp_path: Path, figures
     against the script's analytic figure, and the MFU it reports against
     analytic FLOPs per step / the script's own step time / the table's peak
     for this GPU."""
-    from perfrun.peaks import peak_for
+    from perfrun.analysis.peaks import peak_for
 
     script = str(SCRIPTS / "cuda_gpt.py")
     run = perfrun(tmp_path, script, "--steps", str(GPT_STEPS), "--skip", str(GPT_SKIP))

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from ..store.files import ResultsError
+from ..store.layout import MANAGED, NODES_DIR, REMOVING, RUN_META
+from ..store.rankfile import hostname, read_rank_file
+from ..store.results import pid_alive, rank_alive
 
 #: The default of --keep: a few weeks of nightly runs, a day of busy work.
 DEFAULT_KEEP = 20
@@ -37,10 +40,6 @@ DEFAULT_KEEP = 20
 #: in progress until it has written nothing for this long. A rendezvous
 #: waits up to 15 minutes by default; a live rank writes every 2 seconds.
 STALE_AFTER = 3600.0
-#: The names perfrun gives run folders: launch.prepare_run_dir's
-#: `YYYYMMDD-HHMMSS-PID`, and a multi-node job's `job-NAME[.K]`.
-MANAGED = re.compile(r"^(\d{8}-\d{6}-\d+|job-.+)$")
-REMOVING = ".perfrun-removing-"
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ def read_state(path: str, ask: bool = True) -> Optional[RunState]:
     run.json and no rank file). `ask` False leaves `alive` unknown: asking
     may read rank files, which only the runs about to be removed need."""
     files = _files(path)
-    meta_path = os.path.join(path, "run.json")
+    meta_path = os.path.join(path, RUN_META)
     rank_files = [p for p in files if os.path.basename(p).startswith("rank")
                   and p.endswith(".json")]
     if meta_path not in files and not rank_files:
@@ -135,9 +134,7 @@ def _alive(meta: dict[str, Any], rank_files: list[str]) -> Optional[bool]:
     """Ask the run's processes on this host: its launcher(s) (run.json's
     host and pid, or each node's in a job folder), else its ranks. True if
     any is alive, False if all were here and are dead, else None."""
-    from .results import ResultsError, rank_alive, read_rank_file
-
-    here = socket.gethostname()
+    here = hostname()
     launchers = list((meta.get("nodes") or {}).values()) if isinstance(
         meta.get("nodes"), dict) else []
     if not launchers and meta:
@@ -149,7 +146,7 @@ def _alive(meta: dict[str, Any], rank_files: list[str]) -> Optional[bool]:
         elif isinstance(node.get("returncode"), int):
             answers.append(False)
         elif node.get("host") == here and isinstance(node.get("pid"), int):
-            answers.append(_pid_alive(node["pid"]))
+            answers.append(pid_alive(node["pid"]))
         else:
             answers.append(None)
     if True in answers:
@@ -166,15 +163,9 @@ def _alive(meta: dict[str, Any], rank_files: list[str]) -> Optional[bool]:
     return None
 
 
-def _pid_alive(pid: int) -> Optional[bool]:
-    from .results import pid_alive
-
-    return pid_alive(pid)
-
-
 def _files(path: str) -> list[str]:
     out = []
-    for sub in (path, os.path.join(path, "nodes")):
+    for sub in (path, os.path.join(path, NODES_DIR)):
         try:
             with os.scandir(sub) as entries:
                 out += [e.path for e in entries if e.is_file(follow_symlinks=False)]

@@ -13,11 +13,14 @@ each torchrun worker in turn when the torchrun agent dies. The child stays
 in perfrun's process group: a process group of its own would take it out
 of the terminal's foreground (Ctrl-C would no longer reach it, and reading
 the terminal would stop it).
+
+Everything here runs before the script's first line, so what only some runs
+need (multi-node job folders, the hang watch, host sampling, retention,
+torchrun's argument checks) is imported inside the function that needs it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -27,11 +30,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .results import atomic_write_text
-from .settings import Settings, child_environment
+from ..exitcodes import ExitCode
+from ..runtime.lifeline import parent_death_signal
+from ..settings import Settings, child_environment
+from ..store import layout
+from ..store.runmeta import write_job_meta, write_run_meta
 
-BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
-TORCHRUN_STATUS = "torchrun-status.json"
+#: The package's folder, and the boot folder put first on the child's
+#: PYTHONPATH (boot/sitecustomize.py).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOOT_DIR = os.path.join(PACKAGE_DIR, "boot")
+#: Where `import perfrun` comes from, for the child.
+PACKAGE_ROOT = os.path.dirname(PACKAGE_DIR)
 #: Signals whose default action ends a process and that a handler can catch,
 #: so that perfrun passes them on rather than dying alone. Not those Python
 #: already ignores (SIGPIPE, SIGXFSZ) nor those a fault raises in perfrun
@@ -48,7 +58,6 @@ FORWARDED = tuple(
 #: Signals a terminal sends to its whole foreground process group (Ctrl-C,
 #: Ctrl-\): the child has them already.
 TERMINAL_SIGNALS = (signal.SIGINT, getattr(signal, "SIGQUIT", signal.SIGINT))
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LaunchError(Exception):
@@ -72,8 +81,6 @@ class Outcome:
 
 
 def check_target(settings: Settings) -> None:
-    from .exitcodes import ExitCode
-
     if settings.script is not None:
         if not os.path.exists(settings.script):
             raise LaunchError(f"script not found: {settings.script}", ExitCode.NO_SCRIPT)
@@ -109,7 +116,6 @@ def check_target(settings: Settings) -> None:
 def check_torchrun(settings: Settings) -> None:
     """torchrun's node arguments, refused in one line before anything runs
     rather than by a traceback from torchrun once it started."""
-    from .exitcodes import ExitCode
     from .torchrun import argument_problem
 
     problem = argument_problem(
@@ -123,12 +129,10 @@ def prepare_run_dir(log_dir: str) -> str:
     """Create this run's own folder and point `latest` at it. Fails here,
     before the script starts, if the folder cannot be written: never after
     hours of training."""
-    from .exitcodes import ExitCode
-
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         os.makedirs(log_dir, exist_ok=True)
-        run_dir = os.path.join(log_dir, f"{stamp}-{os.getpid()}")
+        run_dir = os.path.join(log_dir, layout.run_folder_name(stamp, os.getpid()))
         os.makedirs(run_dir, exist_ok=False)
         probe = os.path.join(run_dir, ".probe")
         with open(probe, "w") as f:
@@ -143,7 +147,7 @@ def prepare_run_dir(log_dir: str) -> str:
 
 
 def _point_latest(log_dir: str, run_dir: str) -> None:
-    latest = os.path.join(log_dir, "latest")
+    latest = os.path.join(log_dir, layout.LATEST)
     try:
         tmp = latest + f".tmp{os.getpid()}"
         os.symlink(os.path.basename(run_dir), tmp)
@@ -180,7 +184,6 @@ def prepare_job_dir(settings: Settings) -> RunFolder:
     import socket
 
     from . import job as jobs
-    from .exitcodes import ExitCode
 
     name = jobs.job_name(
         settings.rdzv_id, os.environ, settings.rdzv_endpoint, settings.master_addr,
@@ -190,7 +193,7 @@ def prepare_job_dir(settings: Settings) -> RunFolder:
     try:
         os.makedirs(settings.log_dir, exist_ok=True)
         run_dir, skipped = jobs.choose_job_folder(settings.log_dir, name, key)
-        probe = os.path.join(run_dir, jobs.NODES_DIR, f".probe{key}")
+        probe = os.path.join(run_dir, layout.NODES_DIR, f".probe{key}")
         with open(probe, "w") as f:
             f.write("x" * 4096)
         os.unlink(probe)
@@ -206,9 +209,7 @@ def prepare_job_dir(settings: Settings) -> RunFolder:
 
 
 def run_folder(settings: Settings) -> RunFolder:
-    from .job import is_multinode
-
-    if is_multinode(settings.nnodes, settings.distributed):
+    if layout.is_multinode(settings.nnodes, settings.distributed):
         return prepare_job_dir(settings)
     return RunFolder(prepare_run_dir(settings.log_dir))
 
@@ -250,7 +251,7 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
     target += list(settings.script_args)
     nsys: list[str] = []
     if settings.nsys:
-        out = os.path.join(run_dir, "nsys", "rank%q{RANK}" if settings.distributed else "rank0")
+        out = layout.nsys_output(run_dir, settings.distributed)
         nsys = [
             "nsys",
             "profile",
@@ -270,12 +271,12 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
             # Each worker passes through perfrun.nsys_rank even when every
             # rank is chosen: it ties nsys's life to torchrun's agent.
             ranks = settings.nsys_ranks or "all"
-            selector = [sys.executable, "-E", "-m", "perfrun.nsys_rank", ranks]
+            selector = [sys.executable, "-E", "-m", "perfrun.launcher.nsys_rank", ranks]
             nsys = [*selector, "--", *nsys]
     if not settings.distributed:
         return [*nsys, sys.executable, *target]
     # torch.distributed.run, plus a record of how failed ranks ended.
-    run = [sys.executable, "-m", "perfrun.torchrun"]
+    run = [sys.executable, "-m", "perfrun.launcher.torchrun"]
     flags = (
         ("--nproc-per-node", settings.nproc_per_node),
         ("--nnodes", settings.nnodes),
@@ -295,9 +296,29 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
     return [*run, *target]
 
 
-def _git_state(settings: Settings) -> dict[str, Any]:
-    from .baseline import git_state
+def git_state(path: str) -> dict[str, Any]:
+    """Commit and dirty flag of the repository holding `path`, if any: the
+    baseline records them (never compared: they are what is expected to
+    differ between a baseline and the change under test)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        commit = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return {}
+        status = subprocess.run(
+            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {}
 
+
+def _git_state(settings: Settings) -> dict[str, Any]:
     return git_state(settings.script or os.getcwd())
 
 
@@ -315,8 +336,6 @@ def _child_setup() -> Optional[Any]:
     """What the child runs between fork and exec: ask to be killed when
     perfrun dies, then make sure perfrun did not die already (the request
     only covers deaths after it)."""
-    from .runtime.lite import parent_death_signal  # the one prctl helper, rank side too
-
     arm = parent_death_signal()
     if arm is None:
         return None
@@ -348,7 +367,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         sys.stderr.write(start_notice(settings, folder) + "\n")
         sys.stderr.flush()
     if settings.nsys:
-        os.makedirs(os.path.join(run_dir, "nsys"), exist_ok=True)
+        os.makedirs(os.path.join(run_dir, layout.NSYS_DIR), exist_ok=True)
     cmd = build_command(settings, run_dir)
     launcher = "torchrun" if settings.distributed else "python"
     extra = {
@@ -361,11 +380,13 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     status_path: Optional[str] = None
     if settings.distributed:
         # One per node: in a job folder every node's agent writes its own.
-        name = TORCHRUN_STATUS if folder.node is None else (
-            f"nodes/torchrun-status.node{folder.node}.json"
+        name = layout.TORCHRUN_STATUS if folder.node is None else (
+            layout.node_torchrun_status(folder.node)
         )
         status_path = os.path.join(run_dir, name)
-        env["PERFRUN_TORCHRUN_STATUS"] = status_path
+        from .torchrun import TORCHRUN_STATUS_VAR
+
+        env[TORCHRUN_STATUS_VAR] = status_path
     meta: dict[str, Any] = {
         "git": _git_state(settings) if (settings.baseline or settings.save_baseline) else {},
         "command": command_line,
@@ -496,12 +517,9 @@ def _meta_writer(run_dir: str, folder: RunFolder) -> Any:
     """How this launcher records the run: run.json of its own, or, for a
     node of a job, its node's record and run.json merged from all nodes'."""
     if folder.node is None:
-        path = os.path.join(run_dir, "run.json")
-        return lambda meta: atomic_write_text(path, json.dumps(meta, indent=1))
-    from .job import write_run_meta
-
+        return lambda meta: write_run_meta(run_dir, meta)
     node, job = folder.node, folder.job or {}
-    return lambda meta: write_run_meta(run_dir, node, meta, job)
+    return lambda meta: write_job_meta(run_dir, node, meta, job)
 
 
 def _prune(settings: Settings, run_dir: str) -> None:

@@ -1,20 +1,15 @@
-"""A comparison (perfrun compare, or a gated run) as a terminal table,
-Markdown, JSON or JUnit XML. The text formats share their blocks, as the run
-report does."""
+"""A comparison (perfrun compare, or a gated run) as blocks, shared by the
+terminal table, the Markdown and the page as the run report's are, and as
+JUnit XML (report/__init__.py's `render_comparison` picks the format)."""
 
 from __future__ import annotations
 
-import json
-from typing import IO, Optional
+from typing import Optional
 from xml.sax.saxutils import escape, quoteattr
 
-from perfrun.compare import Comparison
-from perfrun.gate import Verdict
-from perfrun.report.common import DASH, Block, Column, LinesBlock, TableBlock, TitleBlock
-from perfrun.report.markdown import render_markdown_blocks
-from perfrun.report.table import make_console, render_blocks
-
-FORMATS = ("table", "json", "markdown", "junit")
+from perfrun.analysis.compare import Comparison
+from perfrun.analysis.gate import Verdict
+from perfrun.report.primitives import DASH, Block, Column, LinesBlock, TableBlock, TitleBlock
 
 
 def _value(v: Optional[float], unit: str) -> str:
@@ -113,17 +108,3 @@ def render_junit(c: Comparison) -> str:
         "  </testsuite>\n"
         "</testsuites>\n"
     )
-
-
-def render_comparison(c: Comparison, fmt: str, stream: IO[str]) -> None:
-    if fmt == "table":
-        render_blocks(comparison_blocks(c), make_console(stream))
-    elif fmt == "markdown":
-        stream.write(render_markdown_blocks(comparison_blocks(c)))
-    elif fmt == "json":
-        stream.write(json.dumps(c.to_dict(), indent=2, sort_keys=True) + "\n")
-    elif fmt == "junit":
-        stream.write(render_junit(c))
-    else:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    stream.flush()

@@ -1,4 +1,4 @@
-"""Where every rank is: `perfrun status`, and the launcher's hang detector.
+"""Where every rank is: for `perfrun status`, and the launcher's hang detector.
 
 A multi-rank job that hangs is nearly always every rank waiting in a
 collective for one rank that is somewhere else. Each rank already writes its
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,10 +27,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .results import find_rank_files, rank_filename
+from ..runtime.lifeline import STACK_SIGNAL
+from ..store.layout import HANG_FILE, stack_path
+from ..store.rankfile import hostname
+from ..store.results import find_rank_files
 
-#: The signal on which a rank dumps its Python stacks (runtime/agent.py).
-STACK_SIGNAL = getattr(signal, "SIGUSR2", signal.SIGTERM)
 #: Seconds the launcher waits for the ranks' stack dumps.
 STACK_WAIT = 1.5
 #: Seconds between two looks at the rank files (they are flushed every 2 s).
@@ -43,12 +43,7 @@ SHUTDOWN_GRACE = (20.0, 10.0)
 WAITING = {"backward": "waiting in the gradient all_reduce, if DDP",
            "optimization": "waiting in the optimizer's collective, if sharded",
            "forward": "waiting in a collective, if FSDP"}
-HANG_FILE = "hang.txt"
 _ORDER = {"dataloader": 0, "forward": 1, "backward": 2, "optimization": 3, "others": 4}
-
-
-def stack_path(run_dir: str, rank: int, restart: int = 0) -> str:
-    return os.path.join(run_dir, "stack." + rank_filename(rank, restart)[: -len(".json")] + ".txt")
 
 
 @dataclass(frozen=True)
@@ -226,7 +221,7 @@ class HangWatch:
         return True
 
     def report(self, quiet_for: float) -> None:
-        host = socket.gethostname()
+        host = hostname()
         positions = read_positions(self.run_dir)
         for p in positions:
             if p.pid and p.host == host and p.status == "running":
@@ -276,33 +271,3 @@ def shutdown(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
     except OSError:
         pass
-
-
-def status(path: str) -> int:
-    """`perfrun status`: where each rank of a run is now. Exit 66 when the
-    folder holds no run."""
-    from .exitcodes import ExitCode
-    from .results import is_run_dir, resolve_run_dir
-
-    if not os.path.isdir(path):
-        sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
-        return ExitCode.BAD_RESULTS
-    run_dir = path if is_run_dir(path) else resolve_run_dir(path, note=None)
-    if not is_run_dir(run_dir):
-        sys.stderr.write(f"perfrun: error: no run in {path}\n")
-        return ExitCode.BAD_RESULTS
-    positions = read_positions(run_dir)
-    now = time.time()
-    print(f"Run: {run_dir}")
-    if not positions:
-        print("no rank has written results yet")
-        return ExitCode.OK
-    for line in status_lines(positions, now):
-        print(line)
-    odd = odd_one_out([p for p in positions if p.status == "running"], now)
-    if odd:
-        print(odd)
-    if any(p.buffered for p in positions):
-        print("(timer-only mode: positions may lag the ranks by up to 0.5 s, plus the 2 s "
-              "between saves)")
-    return ExitCode.OK

@@ -1,61 +1,67 @@
 """Baselines: a run's versioned results plus the fingerprint of the
-environment that produced them, in one file a CI job can store and restore.
+environment that produced them, in one file a CI job can store and restore:
+its spec, writer and reader.
 
 A comparison between runs on different hardware or software says nothing
 about the change under test, so the gate refuses fingerprints that differ
 (unless told otherwise). The git commit is recorded but never compared: it
 is what is expected to differ.
+
+Version history: 1, the only one. Each of `ranks` (and of each `history`
+entry's) is a rank document with its steps inline (rankfile.py, format 1's
+layout), so a baseline stands alone whatever format its run folder had.
+
+Standard library only at import; the fingerprint's batch size uses numpy,
+imported where it is computed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-import numpy as np
-
-from .results import (
-    COL,
-    ResultsError,
-    RunResults,
-    atomic_write_text,
-    load_json,
-    read_run,
-    resolve_run_dir,
-    validate,
-)
-from .schema import BASELINE_FILE, SchemaError, check, shown
+from .files import ResultsError, atomic_write_text, load_json
+from .rankfile import FORMAT as RESULTS_FORMAT
+from .rankfile import validate
+from .results import RunResults, read_run, resolve_run_dir
+from .runmeta import RUN_META
+from .schema import INT, OBJ, STR, ListOf, Obj, Opt, SchemaError, check, shown
+from .stepfile import COL
 
 FORMAT = "perfrun-baseline"
 VERSION = 1
+
+BASELINE_FILE = Obj({
+    "format": STR,
+    "version": INT,
+    "fingerprint": OBJ,
+    # Whether the baseline run was disturbed, as decided when it was saved.
+    "disturbed": Opt(ListOf(Obj({"kind": STR, "message": STR}))),
+    "meta": Opt(RUN_META),
+    "ranks": ListOf(OBJ),
+    "missing": ListOf(INT),
+    "history": ListOf(Obj({
+        "fingerprint": Opt(OBJ),
+        "meta": Opt(RUN_META),
+        "ranks": Opt(ListOf(OBJ)),
+        "missing": Opt(ListOf(INT)),
+    })),
+})
+
 
 # Fingerprint keys that must agree for a comparison to mean anything.
 COMPARED = ("gpus", "driver", "cuda", "torch", "python", "world_size", "batch_size", "script")
 
 
-def git_state(path: str) -> dict[str, Any]:
-    """Commit and dirty flag of the repository holding `path`, if any."""
-    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    try:
-        commit = subprocess.run(
-            ["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        if commit.returncode != 0:
-            return {}
-        status = subprocess.run(
-            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {}
+def fingerprint(run: RunResults, table: Any = None) -> dict[str, Any]:
+    """The environment a run was measured in: what must agree for two runs
+    to be compared (COMPARED), and what helps a reader (host, command, git
+    state), from rank 0's document and run.json. `table`: rank 0's steps,
+    when the caller has read them already."""
+    import numpy as np
 
-
-def fingerprint(run: RunResults) -> dict[str, Any]:
     ref = next((r for r in run.ranks if r.rank == 0), run.ranks[0] if run.ranks else None)
     data = ref.data if ref is not None else {}
     env = data.get("env") or {}
@@ -64,7 +70,7 @@ def fingerprint(run: RunResults) -> dict[str, Any]:
     device = data.get("device") or {}
     batch_size = None
     if ref is not None:
-        column = ref.table[:, COL["samples"]]
+        column = (ref.table if table is None else table)[:, COL["samples"]]
         known = column[np.isfinite(column) & (column != 0)]
         if known.size:
             median = float(np.median(known))
@@ -103,12 +109,18 @@ def mismatches(base: dict[str, Any], current: dict[str, Any]) -> list[str]:
 KEEP_RUNS = 10
 
 
-def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
-    """Write `run_dir` as the baseline in `path`. An existing baseline of the
+def write_baseline(
+    run: RunResults,
+    path: str,
+    disturbed: Sequence[Mapping[str, Any]] = (),
+    keep: int = KEEP_RUNS,
+) -> int:
+    """Write `run` as the baseline in `path`. An existing baseline of the
     same environment keeps its earlier runs (up to `keep`), so saving a few
     runs of the reference commit lets the gate see how much whole runs
-    differ. Returns the number of runs the file now holds."""
-    run = read_run(run_dir)
+    differ. `disturbed`: what disturbed the run's measurement, as decided
+    now (analysis/disturbed.py; each a kind and a message). Returns the
+    number of runs the file now holds."""
     fp = fingerprint(run)
     history: list[dict[str, Any]] = []
     previous = _read_doc(path)
@@ -123,7 +135,7 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
         # Whether the baseline run itself was disturbed, as decided when it
         # was saved (the gate decides again from the evidence in meta and
         # ranks, with the perfrun that reads it).
-        "disturbed": [f.to_dict() for f in disturbed_flags(run)],
+        "disturbed": [dict(f) for f in disturbed],
         "meta": run.meta,
         # Each rank with its steps inline: a baseline is one file that
         # stands alone, whatever format its run folder was written in.
@@ -135,15 +147,6 @@ def save_baseline(run_dir: str, path: str, keep: int = KEEP_RUNS) -> int:
     os.makedirs(folder, exist_ok=True)
     atomic_write_text(path, json.dumps(doc))
     return 1 + len(history)
-
-
-def disturbed_flags(run: RunResults) -> list[Any]:
-    from .analysis.disturbed import flags_of
-
-    try:
-        return flags_of(run)
-    except Exception:  # noqa: BLE001 - a damaged record is no reason to lose the baseline
-        return []
 
 
 def stored_disturbed(path: str) -> list[str]:
@@ -198,13 +201,14 @@ def load_history(path: str) -> list[RunResults]:
     return out
 
 
-def load(path: str) -> RunResults:
-    """A baseline file or a results folder (or a log folder's latest run)."""
+def load(path: str, note: Optional[Callable[[str], None]] = None) -> RunResults:
+    """A baseline file or a results folder (or a log folder's newest run;
+    `note` as for results.resolve_run_dir)."""
     if os.path.isdir(path):
-        return read_run(resolve_run_dir(path))
+        return read_run(resolve_run_dir(path, note))
     doc = load_json(path, missing="no such file or results folder: {path}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        if isinstance(doc, dict) and doc.get("format") == "perfrun-results":
+        if isinstance(doc, dict) and doc.get("format") == RESULTS_FORMAT:
             rank = validate(doc, path)
             return RunResults(run_dir=path, ranks=[rank])
         raise ResultsError(f"{path} is neither a perfrun baseline nor a results folder")

@@ -1,6 +1,7 @@
-"""The step file: a rank's step records, appended during the run.
+"""A rank's step records: their columns, and the step file they are
+appended to during the run.
 
-`rank<R>.json` (results.py) holds what a rank knows of itself, rewritten
+`rank<R>.json` (rankfile.py) holds what a rank knows of itself, rewritten
 whole at each flush; it stays a few kilobytes however long the run. The
 steps go beside it, in `rank<R>.steps`, appended in chunks: a flush costs
 what is new since the last one, never the run's length, and the rank keeps in
@@ -22,8 +23,11 @@ memory map that costs no memory of its own), where parsing the same as JSON
 takes seconds; float64 rather than float32 keeps times exact as recorded
 (a float32 loses microseconds on a phase minutes long).
 
+Version history: 1, the only one.
+
 The writer side is imported inside the training process and uses only the
-standard library; readers use numpy, on the launcher's side only.
+standard library; readers use numpy, on the launcher's side only, imported
+inside the reading functions so the rank never pays for it.
 """
 
 from __future__ import annotations
@@ -36,9 +40,40 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from .files import DAMAGED, MISSING
+
+# Step columns, in row order. Phase times are exclusive (a phase nested in
+# another is subtracted from its parent); `excluded` is time inside the step's
+# span that is not part of the step (evaluation passes, DataLoader iterator
+# creation and exhaustion), so step time = end - start - excluded. The same
+# columns name the rows of a rank file of format 1 (rankfile.py).
+STEP_COLUMNS = (
+    "start",
+    "end",
+    "dataloader",
+    "forward",
+    "backward",
+    "optimization",
+    "excluded",
+    "dataloader_calls",
+    "forward_calls",
+    "backward_calls",
+    "optimization_calls",
+    "samples",
+    "gpu_dataloader",
+    "gpu_forward",
+    "gpu_backward",
+    "gpu_optimization",
+    "gpu_step",
+)
+COL = {name: i for i, name in enumerate(STEP_COLUMNS)}
+PHASES = ("dataloader", "forward", "backward", "optimization")
+GPU_COLUMNS = tuple("gpu_" + p for p in PHASES) + ("gpu_step",)
+#: Columns every step has: the step's span is computed from them.
+REQUIRED_COLUMNS = ("start", "end")
+
 FORMAT = "perfrun-steps"
 VERSION = 1
-SUFFIX = ".steps"
 #: The longest header a reader accepts: a file that has no newline this
 #: early is no step file.
 MAX_HEADER = 65536
@@ -46,13 +81,12 @@ _NAN = math.nan
 
 
 class StepFileError(Exception):
-    """A step file cannot be read; the message is one line for the user."""
+    """A step file cannot be read; the message is one line for the user,
+    `kind` why (files.MISSING or files.DAMAGED)."""
 
-
-def steps_path(json_path: str) -> str:
-    """The step file that goes with a rank's `rank<R>[.restart<K>].json`."""
-    stem = json_path[:-5] if json_path.endswith(".json") else json_path
-    return stem + SUFFIX
+    def __init__(self, message: str, kind: str = DAMAGED) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def header(columns: Sequence[str]) -> bytes:
@@ -168,7 +202,7 @@ def read_header(path: str) -> tuple[dict[str, Any], int]:
             head = f.read(MAX_HEADER)
     except FileNotFoundError:
         raise StepFileError(f"cannot read {path}: no such file (the step file of a rank "
-                            "file; copy both)") from None
+                            "file; copy both)", MISSING) from None
     except OSError as exc:
         raise StepFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     end = head.find(b"\n")
@@ -231,3 +265,23 @@ def read(path: str, mapped: bool = False) -> tuple[list[str], Any]:
     if dtype != np.float64:  # the other byte order: convert (a copy)
         return columns, np.asarray(data, dtype=np.float64)
     return columns, data
+
+
+def read_table(step_path: str, mapped: bool = False) -> Any:
+    """A step file's steps in STEP_COLUMNS order (`read` maps the file;
+    columns it lacks are NaN, columns it has beyond them are left out).
+    Raises StepFileError."""
+    import numpy as np
+
+    columns, table = read(step_path, mapped)
+    if columns == list(STEP_COLUMNS):
+        return table
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise StepFileError(f"{step_path} has no {missing[0]!r} column")
+    index = {c: i for i, c in enumerate(columns)}
+    out = np.full((table.shape[0], len(STEP_COLUMNS)), np.nan)
+    for j, c in enumerate(STEP_COLUMNS):
+        if c in index:
+            out[:, j] = table[:, index[c]]
+    return out

@@ -1,6 +1,6 @@
 """Run a rank under nsys only when it is one of the chosen ranks.
 
-`python -E -m perfrun.nsys_rank 0,3 -- nsys profile ... PYTHON SCRIPT ...`:
+`python -E -m perfrun.launcher.nsys_rank 0,3 -- nsys profile ... PYTHON SCRIPT ...`:
 each torchrun worker starts this; ranks in the list exec the whole nsys
 command, the others exec just the Python part, so a long job does not write
 one huge report per rank. (-E keeps perfrun's bootstrap out of this short
@@ -17,7 +17,8 @@ import sys
 
 def split(argv: list[str]) -> tuple[set[str], list[str]]:
     if len(argv) < 3 or argv[1] != "--":
-        raise SystemExit("usage: python -m perfrun.nsys_rank RANKS -- nsys profile ... CMD")
+        raise SystemExit(
+            "usage: python -m perfrun.launcher.nsys_rank RANKS -- nsys profile ... CMD")
     ranks = {r.strip() for r in argv[0].split(",") if r.strip()}
     return ranks, argv[2:]
 
@@ -26,7 +27,7 @@ def tie_to_agent() -> None:
     """Die with torchrun's agent, which started this process. The request
     outlives the exec below, so nsys (or the rank itself) is killed when the
     agent dies, and the rank with it (its bootstrap ties it to nsys)."""
-    from perfrun.runtime.lite import AGENT_PID_VAR, die_with
+    from perfrun.runtime.lifeline import AGENT_PID_VAR, die_with
 
     try:
         agent = int(os.environ.get(AGENT_PID_VAR, ""))
@@ -40,7 +41,7 @@ def python_part(command: list[str], python: str) -> list[str]:
     for i, arg in enumerate(command):
         if i > 0 and arg == python:
             return command[i:]
-    raise SystemExit(f"perfrun.nsys_rank: no {python} in {command}")
+    raise SystemExit(f"perfrun.launcher.nsys_rank: no {python} in {command}")
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,7 @@
 """Two runs side by side: the Perf and Model Summaries with the change per
 row, and the gate's verdict on step time. Pure: both runs come in as
-RunResults (a results folder or a baseline file, read by baseline.load)."""
+RunResults (a results folder or a baseline file, read by store/baseline.py's
+`load`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .analysis import columns
-from .analysis.summary import Report, build_report, steady_table
-from .gate import GateResult, disturbed_verdict, gate
-from .results import RunResults
+from perfrun.analysis import columns
+from perfrun.analysis.gate import GateResult, disturbed_verdict, gate
+from perfrun.analysis.report import Report, build_report
+from perfrun.analysis.selection import steady_table
+from perfrun.store.results import RunResults
 
 
 @dataclass
@@ -155,7 +157,8 @@ def compare_runs(
         which = "baseline" if b.problem else "current run"
         comparison.problem = f"the {which} has no measurement: {b.problem or c.problem}"
         return comparison
-    others = [_gate_series(build_report(h, warmup=warmup), h) for h in base_history]
+    others = [_gate_series(build_report(h, warmup=warmup, series=False), h)
+              for h in base_history]
     others = [o for o in others if o]
     base_series, current_series = _gate_series(b, base), _gate_series(c, current)
     if others and base_series and current_series:

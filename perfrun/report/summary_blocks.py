@@ -1,173 +1,30 @@
-"""The report's content as format-neutral blocks of text.
-
-The terminal tables and the Markdown must say the same thing; deciding what
-goes in each cell once, here, and leaving the renderers only the layout is
-what keeps them from drifting apart. Numbers are formatted here too, so a
-value prints identically in both.
-"""
+"""The summary tables as blocks: Perf, Model (with FLOP rates), Ranks and
+Device Summaries. The detailed window's Model table is the same block
+(window_blocks.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Optional
 
+from perfrun.analysis.device import DeviceSummary
+from perfrun.analysis.flops import FlopsSummary
+from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.analysis.straggler import ranks_phrase
-from perfrun.analysis.summary import (
-    PHASE_TITLES,
-    RANK_QUANTITIES,
-    DeviceSummary,
-    ModelSummary,
-    MultiRankSummary,
-    PerfSummary,
-    Report,
+from perfrun.analysis.summary import PHASE_TITLES, ModelSummary, PerfSummary
+from perfrun.report.primitives import (
+    DASH,
+    PERF_UNIT,
+    Column,
+    TableBlock,
+    fmt_bytes,
+    fmt_num,
+    fmt_percent,
+    plural,
+    short_hosts,
+    time_unit,
 )
-from perfrun.results import PHASES
-
-DASH = "-"
-ELLIPSIS = "\u2026"
-
-
-# -- numbers ------------------------------------------------------------------
-
-
-def time_unit(seconds: Optional[float], *, coarse: str = "s") -> tuple[str, float]:
-    """A unit in which `seconds` prints with useful digits.
-
-    Steps of a small inference loop take tens of microseconds: in seconds
-    with five decimals they would print as 0.00004, one significant digit.
-    """
-    units = [("s", 1.0), ("ms", 1e3), ("us", 1e6)]
-    start = [u for u, _ in units].index(coarse)
-    candidates = units[start:]
-    if seconds is None or seconds <= 0:
-        return candidates[0]
-    for unit, factor in candidates:
-        if seconds * factor >= (0.01 if unit == "s" else 1.0):
-            return unit, factor
-    return candidates[-1]
-
-
-#: The Perf Summary's unit, for every run. A unit picked from the run's own
-#: step times flips between two runs of one script whose steps sit near the
-#: boundary (0.98 s and 1.02 s; 9 ms and 11 ms; or one slow step where the
-#: max decides), and the two summaries then read as if one were a thousand
-#: times slower. With five decimals, milliseconds give at least three
-#: significant digits from 10 microseconds a step (a small inference loop)
-#: to steps of minutes, so no run needs another unit.
-PERF_UNIT = ("ms", 1e3)
-
-
-def middle(text: str, width: int) -> str:
-    """`text` in at most `width` characters, cut in the middle.
-
-    An operator's or kernel's name says what it is at both ends
-    (`autograd::engine::evaluate_function: AddmmBackward0`, a kernel's
-    template arguments), so the head and the tail are kept; the tail gets the
-    odd character, as it is what tells siblings apart. Cutting a cut name
-    again keeps the same head and tail, so a renderer may narrow a name the
-    blocks already shortened.
-    """
-    if len(text) <= width:
-        return text
-    if width <= 1:
-        return ELLIPSIS[:width]
-    head = (width - 1) // 2
-    tail = width - 1 - head
-    return text[:head] + ELLIPSIS + text[len(text) - tail:]
-
-
-def fmt_num(value: Optional[float], decimals: int, factor: float = 1.0) -> str:
-    if value is None:
-        return DASH
-    return f"{value * factor:.{decimals}f}"
-
-
-def fmt_percent(value: Optional[float], decimals: int = 1) -> str:
-    return DASH if value is None else f"{value:.{decimals}f}"
-
-
-def fmt_bytes(value: Optional[int]) -> str:
-    if value is None:
-        return DASH
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024.0:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024.0
-    return f"{size:.1f} TiB"
-
-
-def _ranks_phrase(ranks: tuple[int, ...]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks))
-
-
-def short_hosts(names: list[str]) -> dict[str, str]:
-    """Host names without their domain (`node-3.cluster.local` -> `node-3`),
-    unless that would make two hosts look the same: a full name would make
-    the multi-rank table too wide for a terminal."""
-    short = {n: n.split(".", 1)[0] or n for n in names}
-    if len(set(short.values())) < len(set(names)):
-        return {n: n for n in names}
-    return short
-
-
-def plural(n: int, word: str) -> str:
-    if n == 1:
-        return f"{n} {word}"
-    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
-
-
-# -- blocks --------------------------------------------------------------------
-
-
-@dataclass
-class Column:
-    header: str
-    align: str = "right"
-
-
-@dataclass
-class TableBlock:
-    """A titled table. `strong` rows are printed bold in a terminal;
-    `breaks` are row indices that start a new section (a rule above them).
-    `groups`, when set, are column index lists a too-narrow terminal may
-    print as separate tables, each after the first `key_columns` columns."""
-
-    key: str
-    title: str
-    info: list[str]
-    columns: list[Column]
-    rows: list[list[str]]
-    footer: list[str] = field(default_factory=list)
-    strong: set[int] = field(default_factory=set)
-    breaks: set[int] = field(default_factory=set)
-    key_columns: int = 1
-    groups: Optional[list[list[int]]] = None
-
-
-@dataclass
-class LinesBlock:
-    """Sentences: the title, notes, problems. `level` is "info", "warning"
-    or "error" and only changes colour in a terminal."""
-
-    key: str
-    title: Optional[str]
-    lines: list[str]
-    level: str = "info"
-    bullets: bool = True
-
-
-@dataclass
-class TitleBlock:
-    heading: str
-    entries: list[tuple[str, str]]
-    code_labels: tuple[str, ...] = ("Command", "Results")
-
-
-Block = Union[TitleBlock, LinesBlock, TableBlock]
+from perfrun.store.stepfile import PHASES
 
 
 def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: int = 2) -> str:
@@ -240,7 +97,7 @@ def _rate_cell(value: Optional[float], factor: float) -> str:
     return f"{scaled:.2f}" if scaled >= 1.0 else f"{scaled:.3g}"
 
 
-def with_flops(block: TableBlock, flops: Any) -> TableBlock:
+def with_flops(block: TableBlock, flops: Optional[FlopsSummary]) -> TableBlock:
     """The Model Summary with achieved FLOP/s (and MFU on a GPU) for the
     rows whose FLOPs were counted (analysis/flops.py); where nothing was
     counted, one line saying why."""
@@ -404,74 +261,3 @@ def device_block(device: DeviceSummary, world_size: int) -> TableBlock:
     columns = [Column("Device", "left"), Column("Util avg (%)"), Column("Util max (%)"),
                Column("Memory", "left")]
     return TableBlock("device", "Device Summary", [], columns, rows, footer=footer)
-
-
-def advice_block(report: Report) -> Optional[LinesBlock]:
-    """Each piece of advice on one line: what was measured, then what to try.
-    The numbers it quotes are in the JSON report under `advice[].evidence`;
-    advice that rests on no numbers is not printed."""
-    lines = [a.text() for a in report.advice if a.evidence]
-    return LinesBlock("advice", "Advice", lines) if lines else None
-
-
-def disturbed_block(report: Report) -> Optional[LinesBlock]:
-    """At the top of the report: what disturbed the measurement, each with
-    its figures (the JSON report has them under `disturbed[].evidence`)."""
-    flags = getattr(report, "disturbed", None) or []
-    if not flags:
-        return None
-    return LinesBlock(
-        "disturbed",
-        "Measurement disturbed: these figures may not be the script's own",
-        [f.message for f in flags],
-        "warning",
-    )
-
-
-def blocks(report: Report) -> list[Block]:
-    """The report, top to bottom, as every text renderer prints it."""
-    out: list[Block] = [TitleBlock("perfrun", report.title.entries())]
-    if report.problem:
-        out.append(LinesBlock("problem", None, [f"perfrun: {report.problem}"], "error", False))
-    disturbed = disturbed_block(report)
-    if disturbed is not None:
-        out.append(disturbed)
-    if report.perf is not None:
-        out.append(perf_block(report.perf, report.title.warmup, report.title.window_steps))
-    if report.model is not None and report.show("model"):
-        out.append(with_flops(model_block(report.model), getattr(report, "flops", None)))
-    if report.ranks is not None and report.show("dist"):
-        out.append(ranks_block(report.ranks))
-    if report.device is not None and report.show("device"):
-        out.append(device_block(report.device, report.title.world_size))
-    if report.window is not None:
-        from perfrun.report.window_blocks import window_blocks
-
-        out.extend(window_blocks(report.window, report.view, report.show))
-    advice = advice_block(report)
-    if advice is not None:
-        out.append(advice)
-    if report.extras:
-        lines = []
-        for e in report.extras:
-            unit, factor = time_unit(e.time)
-            detail = f" ({e.detail})" if e.detail else ""
-            lines.append(
-                f"{e.name}: {plural(e.calls, e.unit)}, {fmt_num(e.time, 3, factor)} {unit}{detail}"
-            )
-        out.append(LinesBlock("extras", "Outside the steps (whole run)", lines))
-    if report.problems:
-        out.append(LinesBlock("problems", "Ranks with problems", list(report.problems), "warning"))
-    if report.faults:
-        multi = report.title.world_size > 1
-        lines = [
-            str(f) + (f" on {_ranks_phrase(f.ranks)}" if multi and f.ranks else "")
-            for f in report.faults
-        ]
-        out.append(
-            LinesBlock("faults", "perfrun's own hooks failed (the script was not affected)",
-                       lines, "warning")
-        )
-    if report.notes:
-        out.append(LinesBlock("notes", "Notes", list(report.notes)))
-    return out

@@ -2,7 +2,7 @@
 
 torchrun exits 1 whatever a rank did, so perfrun cannot tell from its status
 that a rank was killed by a signal. perfrun launches `python -m
-perfrun.torchrun ARGS` instead of `python -m torch.distributed.run ARGS`: the
+perfrun.launcher.torchrun ARGS` instead of `python -m torch.distributed.run ARGS`: the
 same agent, the same output, and when a worker fails, the failures torchrun
 itself collected (rank, exit status; negative for a signal) are written to
 the file named by PERFRUN_TORCHRUN_STATUS before the error goes on as usual.
@@ -16,10 +16,12 @@ starts (`argument_problem`).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Optional
+
+#: The variable naming where the failures are recorded, set by the launcher.
+TORCHRUN_STATUS_VAR = "PERFRUN_TORCHRUN_STATUS"
 
 
 def _positive(text: str) -> Optional[int]:
@@ -64,8 +66,9 @@ def argument_problem(
 
 def main() -> None:
     # Popped, so the workers this agent starts do not inherit it.
-    path = os.environ.pop("PERFRUN_TORCHRUN_STATUS", None)
-    from perfrun.runtime.lite import AGENT_PID_VAR
+    path = os.environ.pop(TORCHRUN_STATUS_VAR, None)
+    from perfrun.runtime.lifeline import AGENT_PID_VAR
+    from perfrun.store.runmeta import write_torchrun_status
 
     os.environ[AGENT_PID_VAR] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -81,10 +84,7 @@ def main() -> None:
                     str(rank): {"exitcode": f.exitcode, "local_rank": f.local_rank, "pid": f.pid}
                     for rank, f in exc.failures.items()
                 }
-                tmp = f"{path}.tmp{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as out:
-                    json.dump({"first": str(first_rank), "failures": failures}, out)
-                os.replace(tmp, path)
+                write_torchrun_status(path, str(first_rank), failures)
             except Exception as error:  # the status is a bonus; torchrun's error is not
                 sys.stderr.write(f"perfrun: could not record the ranks' status: {error}\n")
         raise

@@ -13,7 +13,8 @@ lock that a shared filesystem would honour. Each node writes only files no
 other node writes: its own record, `nodes/node<K>.json`, and its ranks'
 files (ranks are numbered job-wide). `run.json` is rebuilt from the node
 records by each node that changes its own, and checked again after the
-write, so the last writer has seen every record (see `write_run_meta`).
+write, so the last writer has seen every record (store/runmeta.py,
+`write_job_meta`).
 
 An id used again by a later job (a fixed `--rdzv-id` in a launch script)
 must not pour the new job into the old folder: a folder whose records show
@@ -36,11 +37,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .results import pid_alive
+from ..store.layout import JOB_PREFIX, NODES_DIR, RUN_META
+from ..store.results import pid_alive
+from ..store.runmeta import read_node_metas
 
-JOB_PREFIX = "job-"
-#: Each node's own record of its launcher, inside the job's folder.
-NODES_DIR = "nodes"
 #: torchrun's default `--rdzv-id`: no id at all.
 NO_ID = "none"
 #: The most folders one job name is tried under before giving up.
@@ -58,13 +58,6 @@ class JobName:
     id: Optional[str]
     #: Where it came from: "rdzv-id", "SLURM_JOB_ID" or "derived".
     source: str
-
-
-def is_multinode(nnodes: Any, distributed: bool = True) -> bool:
-    """A job of several nodes (or an elastic MIN:MAX range), whose nodes
-    share one run folder. `--nnodes 1` and plain runs keep a folder of
-    their own."""
-    return distributed and nnodes is not None and str(nnodes).strip() not in ("", "1", "1:1")
 
 
 def safe_name(text: str) -> str:
@@ -156,45 +149,6 @@ def folder_is_open(
     return None
 
 
-def merge_node_metas(nodes: Mapping[str, Mapping[str, Any]], job: Mapping[str, Any]) -> dict:
-    """run.json of a job folder: one launcher's view for the readers that
-    know one (command, start, end), the job-wide facts (`job`), and every
-    node's own record (`nodes`), so nothing a node said is lost.
-
-    `returncode` stays unset while any node runs (a report then treats the
-    run as in progress); when every node has ended it is the first failing
-    node's status, else 0."""
-    keys = sorted(nodes, key=_key_order)
-    first = nodes[keys[0]] if keys else {}
-    meta: dict[str, Any] = {
-        "git": first.get("git") or {},
-        "command": first.get("command"),
-        "child": first.get("child"),
-        "launcher": first.get("launcher", "torchrun"),
-        "nnodes": job.get("nnodes"),
-        "job": dict(job),
-        "nodes": {k: dict(nodes[k]) for k in keys},
-    }
-    world = job.get("world_size")
-    if isinstance(world, int):
-        meta["expected_ranks"] = world
-    elif first.get("expected_ranks") is not None:
-        meta["expected_ranks"] = first.get("expected_ranks")
-    starts = [n["started"] for n in nodes.values() if _number(n.get("started"))]
-    if starts:
-        meta["started"] = min(starts)
-    codes = [n.get("returncode") for n in (nodes[k] for k in keys)]
-    if keys and all(isinstance(c, int) for c in codes):
-        meta["returncode"] = next((c for c in codes if c != 0), 0)
-        elapsed = [n["elapsed"] for n in nodes.values() if _number(n.get("elapsed"))]
-        if elapsed:
-            meta["elapsed"] = max(elapsed)
-    signals = sorted({s for n in nodes.values() for s in (n.get("signals") or [])})
-    if signals:
-        meta["signals"] = signals
-    return meta
-
-
 def job_facts(
     name: JobName, nnodes: Any, nproc_per_node: Optional[int], target: list[str]
 ) -> dict[str, Any]:
@@ -217,41 +171,7 @@ def job_facts(
     }
 
 
-def _key_order(key: str) -> tuple[int, Any]:
-    return (0, int(key)) if key.isdigit() else (1, key)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# -- reads and writes ------------------------------------------------------------
-
-
-def node_path(run_dir: str, key: str) -> str:
-    return os.path.join(run_dir, NODES_DIR, f"node{key}.json")
-
-
-def read_node_metas(run_dir: str) -> dict[str, dict[str, Any]]:
-    """Every node record in a job folder; one that cannot be read (being
-    replaced, or damaged) is left out."""
-    folder = os.path.join(run_dir, NODES_DIR)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return {}
-    out = {}
-    for name in names:
-        if not (name.startswith("node") and name.endswith(".json")):
-            continue
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError, RecursionError):
-            continue
-        if isinstance(doc, dict):
-            out[name[len("node"):-len(".json")]] = doc
-    return out
+# -- reads -----------------------------------------------------------------------------
 
 
 def node_state(meta: Mapping[str, Any], host: Optional[str] = None) -> NodeState:
@@ -288,28 +208,6 @@ def choose_job_folder(log_dir: str, name: JobName, me: str) -> tuple[str, list[s
 
 def _has_results(path: str) -> bool:
     try:
-        return any(n == "run.json" or n.startswith("rank") for n in os.listdir(path))
+        return any(n == RUN_META or n.startswith("rank") for n in os.listdir(path))
     except OSError:
         return False
-
-
-def write_run_meta(run_dir: str, key: str, meta: Mapping[str, Any], job: Mapping[str, Any]) -> None:
-    """Write this node's record, then run.json from every node's record.
-
-    No lock: after writing run.json the records are read again, and if one
-    changed in between (another node wrote its own), run.json is rebuilt.
-    The last node to write has then seen every record written before its
-    final read, so run.json ends up with all of them; a node's own record
-    is never lost in any case."""
-    from .results import atomic_write_text
-
-    atomic_write_text(node_path(run_dir, key), json.dumps(meta, indent=1))
-    seen = read_node_metas(run_dir)
-    for _ in range(20):
-        atomic_write_text(
-            os.path.join(run_dir, "run.json"), json.dumps(merge_node_metas(seen, job), indent=1)
-        )
-        again = read_node_metas(run_dir)
-        if again == seen:
-            return
-        seen = again

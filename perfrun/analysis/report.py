@@ -1,0 +1,556 @@
+"""The Report: everything the renderers print, assembled once from a run.
+
+`build_report` reads what it needs of a merged run (store/results.py) and
+asks each analysis for its part: which steps count (selection.py), the
+Perf and Model Summaries (summary.py), the ranks (ranks.py), the devices
+(device.py), the detailed window (window.py), FLOP rates (flops.py), what
+disturbed the measurement (disturbed.py), the advice (advice.py) and the
+page's series (series.py). The renderers (perfrun/report/) then only lay
+the Report out: none of them reads the run again, so the terminal, the
+JSON, the Markdown and the page cannot disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from perfrun.analysis.advice import Advice, AdviceInputs, advise
+from perfrun.analysis.device import DeviceSummary, device_summary
+from perfrun.analysis.disturbed import Flag, flags_of
+from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
+from perfrun.analysis.ranks import MultiRankSummary, multi_rank_summary, rank_problem, steps_phrase
+from perfrun.analysis.selection import counted, profiled_steps, rank_window
+from perfrun.analysis.series import PageSeries, page_series
+from perfrun.analysis.stats import default_warmup
+from perfrun.analysis.summary import (
+    FORWARD_UNSEEN,
+    ModelSummary,
+    PerfSummary,
+    forward_unseen,
+    model_summary,
+    perf_summary,
+)
+from perfrun.analysis.window import WindowReport, window_report
+from perfrun.store.baseline import fingerprint
+from perfrun.store.rankfile import RankResult
+from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
+from perfrun.store.schema import as_int, finite_or_zero
+
+#: Sections a `Profiler.summary` mapping can switch off (the rest of its keys
+#: belong to the detailed window and are not decided here).
+SECTION_KEYS = ("overview", "model", "device", "dist", "kernel", "op", "mem", "memcpy")
+
+
+@dataclass(frozen=True)
+class ExtraRow:
+    """Time spent outside steps that users still want to see: evaluation
+    passes and DataLoader start-up would otherwise vanish from the tables."""
+
+    name: str
+    calls: int
+    time: float
+    detail: Optional[str] = None
+    unit: str = "call"  # what `calls` counts ("pass" for evaluation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "calls": self.calls, "time": self.time,
+                "detail": self.detail, "unit": self.unit}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure inside one of perfrun's own hooks (the script was not
+    affected; the numbers it would have produced are missing)."""
+
+    where: str
+    error: str
+    count: int
+    ranks: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.error} (x{self.count})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"where": self.where, "error": self.error, "count": self.count,
+                "ranks": list(self.ranks)}
+
+
+@dataclass(frozen=True)
+class Title:
+    """What the numbers are about: which command, which ranks, which steps."""
+
+    command: Optional[str]
+    run_dir: str
+    world_size: int
+    rank: Optional[int]
+    steps_recorded: int
+    steps_counted: int
+    warmup: int
+    warmup_default: bool
+    window: Optional[tuple[int, int]]
+    window_excluded: bool
+    window_steps: int
+    # The steps torch.profiler ran over: the window and its warm-up step.
+    profiled: Optional[tuple[int, int]] = None
+
+    def entries(self) -> list[tuple[str, str]]:
+        """The title as (label, sentence) pairs, shared by every renderer
+        (Markdown sets the command and the folder in code spans)."""
+        out = []
+        if self.command:
+            out.append(("Command", self.command))
+        out.append(("Results", self.run_dir))
+        if self.world_size > 1:
+            who = f"; summaries are rank {self.rank}'s" if self.rank is not None else ""
+            out.append(("Ranks", f"{self.world_size}{who}"))
+        if self.rank is not None and self.steps_recorded:
+            how = "default; --warmup N to change" if self.warmup_default else "as set"
+            warm = f"first {steps_phrase(self.warmup)}" if self.warmup else "none"
+            out.append((
+                "Steps",
+                f"{self.steps_counted} counted of {self.steps_recorded} recorded; "
+                f"warm-up left out: {warm} ({how})",
+            ))
+        if self.window is not None:
+            start, end = self.window
+            if not self.window_excluded:
+                tail = "kept in the statistics"
+            elif self.window_steps:
+                tail = f"{steps_phrase(self.window_steps)} in it left out of the statistics"
+            else:
+                tail = "no counted step fell in it"
+            out.append(("Window", f"steps [{start}, {end}) profiled in detail; {tail}"))
+        return out
+
+    def lines(self) -> list[str]:
+        return [f"{label}: {text}" for label, text in self.entries()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "run_dir": self.run_dir,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "steps_recorded": self.steps_recorded,
+            "steps_counted": self.steps_counted,
+            "warmup": self.warmup,
+            "warmup_default": self.warmup_default,
+            "window": list(self.window) if self.window else None,
+            "profiled": list(self.profiled) if self.profiled else None,
+            "window_excluded": self.window_excluded,
+            "window_steps": self.window_steps,
+        }
+
+
+REPORT_VERSION = 1
+
+
+@dataclass
+class Report:
+    """Everything the renderers print, computed once.
+
+    `problem` is set when there is nothing to summarise (the gates and
+    `perfrun report` map it to `ExitCode.NO_MEASUREMENT`); `problems` lists
+    ranks that died, were killed or wrote nothing, which is worth saying even
+    when the other ranks' numbers are fine. `sections` says which optional
+    tables the user asked for (`Profiler.summary`).
+    """
+
+    title: Title
+    perf: Optional[PerfSummary] = None
+    model: Optional[ModelSummary] = None
+    ranks: Optional[MultiRankSummary] = None
+    device: Optional[DeviceSummary] = None
+    extras: list[ExtraRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    problem: Optional[str] = None
+    sections: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SECTION_KEYS, True))
+    #: The detailed window's tables (analysis/window.py), when there is one.
+    window: Optional[WindowReport] = None
+    #: How window tables are shown: sort_by, row_limit, time_unit, op_detail.
+    view: dict[str, Any] = field(default_factory=dict)
+    #: Bottleneck advice (analysis/advice.py), each with the numbers it rests on.
+    advice: list[Advice] = field(default_factory=list)
+    #: Achieved FLOP/s and MFU (analysis/flops.py); None for older files.
+    flops: Optional[FlopsSummary] = None
+    #: Why the figures may not be the script's own (analysis/disturbed.py).
+    disturbed: list[Flag] = field(default_factory=list)
+    #: What the page draws (analysis/series.py): the step series, each
+    #: rank's medians and distribution, the traces; None when not built.
+    series: Optional[PageSeries] = None
+    #: The environment the run was measured in (store/baseline.py's
+    #: fingerprint), as the page prints it.
+    environment: dict[str, Any] = field(default_factory=dict)
+    #: The merged results the JSON report ends with (`results`): the run
+    #: folder, run.json, the missing ranks and every rank's document (with
+    #: its step file's path, not its steps); None when not asked for.
+    results: Optional[dict[str, Any]] = None
+
+    def show(self, section: str) -> bool:
+        return bool(self.sections.get(section, True))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Raw, unrounded numbers under stable keys (seconds, fractions,
+        bytes): for machines, so nothing is formatted here."""
+        return {
+            "format": "perfrun-report",
+            "version": REPORT_VERSION,
+            "title": self.title.to_dict(),
+            "problem": self.problem,
+            "problems": list(self.problems),
+            "perf": self.perf.to_dict() if self.perf else None,
+            "model": self.model.to_dict() if self.model else None,
+            "ranks": self.ranks.to_dict() if self.ranks else None,
+            "device": self.device.to_dict() if self.device else None,
+            "extras": [e.to_dict() for e in self.extras],
+            "notes": list(self.notes),
+            "faults": [f.to_dict() for f in self.faults],
+            "sections": dict(self.sections),
+            "window": self.window.to_dict() if self.window is not None else None,
+            "advice": [a.to_dict() for a in self.advice],
+            "flops": self.flops.to_dict() if self.flops is not None else None,
+            "disturbed": [f.to_dict() for f in self.disturbed],
+            **({"results": self.results} if self.results is not None else {}),
+        }
+
+
+def _command(run: RunResults, ref: Optional[RankResult]) -> Optional[str]:
+    sources: list[Any] = []
+    if ref is not None:
+        env = ref.data.get("env") or {}
+        sources += [env.get("command"), env.get("argv")]
+    sources.append(run.meta.get("command"))
+    for value in sources:
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, (list, tuple)) and value:
+            return shlex.join(str(v) for v in value)
+    return None
+
+
+def _extras(rank: RankResult) -> list[ExtraRow]:
+    extra = rank.data.get("extra") or {}
+    out = []
+    spec = (
+        ("eval", "Eval"),
+        ("dataloader_init", "DataLoader start-up"),
+        ("stop_iteration", "DataLoader end of data"),
+        ("profiler", "Profiler"),
+    )
+    for key, name in spec:
+        unit = "call"
+        item = extra.get(key)
+        if not isinstance(item, Mapping):
+            continue
+        calls = as_int(item.get("calls")) or 0
+        if calls <= 0:
+            continue
+        detail = None
+        if key == "eval":
+            # `calls` is the number of passes; files from before passes were
+            # told apart from batches carry no "passes" key.
+            parts = []
+            batches = as_int(item.get("batches"))
+            if batches:
+                parts.append(f"{batches} batches")
+            forwards = as_int(item.get("forward_calls"))
+            if forwards:
+                parts.append(f"{forwards} forward calls")
+            detail = ", ".join(parts + ["not counted in steps"])
+            if "passes" in item:
+                unit = "pass"
+        elif key == "profiler":
+            detail = (
+                "the detailed window's profiler start, stop, trace export and tables, "
+                "not counted in steps"
+            )
+        elif key == "dataloader_init":
+            detail = "iterator creation and worker start-up, not counted in steps"
+        else:
+            detail = "StopIteration at the end of each epoch, not counted in steps"
+        out.append(ExtraRow(name, calls, finite_or_zero(item.get("time")), detail, unit))
+    return out
+
+
+def _faults(ranks: Sequence[RankResult]) -> list[Fault]:
+    merged: dict[tuple[str, str], list[Any]] = {}
+    for rank in ranks:
+        for f in rank.data.get("faults") or []:
+            if not isinstance(f, Mapping):
+                continue
+            key = (str(f.get("where", "?")), str(f.get("error", "?")))
+            entry = merged.setdefault(key, [0, []])
+            entry[0] += as_int(f.get("count")) or 1
+            if rank.rank not in entry[1]:
+                entry[1].append(rank.rank)
+    return [Fault(w, e, c, tuple(rs)) for (w, e), (c, rs) in merged.items()]
+
+
+def _notes(ranks: Sequence[RankResult]) -> list[str]:
+    seen: dict[str, None] = {}
+    for rank in ranks:
+        for note in rank.data.get("notes") or []:
+            seen.setdefault(str(note), None)
+        if rank.restart:
+            seen.setdefault(
+                f"rank {rank.rank} was restarted {rank.restart} time(s); "
+                "its last run's results are shown", None
+            )
+    return list(seen)
+
+
+def _sections(ref: Optional[RankResult]) -> dict[str, bool]:
+    sections = dict.fromkeys(SECTION_KEYS, True)
+    settings = (ref.data.get("settings") if ref else None) or {}
+    summary = settings.get("summary") if isinstance(settings, Mapping) else None
+    if isinstance(summary, Mapping):
+        for key in SECTION_KEYS:
+            if key in summary:
+                sections[key] = bool(summary[key])
+    return sections
+
+
+def _no_measurement(run: RunResults) -> Optional[str]:
+    if not run.ranks:
+        return "no rank wrote results"
+    if any(r.n_steps for r in run.ranks):
+        return None
+    if not any(r.data.get("torch_imported") for r in run.ranks):
+        return NO_TORCH
+    return "no PyTorch training loop was seen: no forward, backward or optimizer step ran"
+
+
+def _launcher_exit_status(run: RunResults) -> Optional[int]:
+    """The script's exit status as perfrun's launcher saw it, when the
+    launcher ran the script itself (under torchrun it sees torchrun's)."""
+    if run.meta.get("launcher") != "python":
+        return None
+    return as_int(run.meta.get("returncode"))
+
+
+def build_report(
+    run: RunResults,
+    warmup: Optional[int] = None,
+    exclude_window: Optional[bool] = None,
+    alive: Iterable[int] = (),
+    series: bool = True,
+    results: bool = False,
+) -> Report:
+    """Summarise a merged run.
+
+    `alive`: the ranks whose processes are still running (a report of a run
+    in progress): their `running` status is no death.
+
+    `warmup=None` takes the value the run was started with (its settings),
+    else `default_warmup` of the reference rank's step count.
+    `exclude_window=None` leaves the detailed window's steps out unless the
+    run was timer-only (no profiler ran in the window, so its steps are
+    ordinary). The reference rank for the Perf and Model Summaries is rank 0,
+    or the lowest rank that recorded steps when rank 0 recorded none.
+
+    `series=False` leaves out what only the page draws (`series`,
+    `environment`): a live view that rebuilds the report every few seconds
+    has no use for them. `results=True` adds the merged results the JSON
+    report ends with (`results`).
+    """
+    ranks = list(run.ranks)
+    with_rows = [r for r in ranks if r.n_steps]
+    ref = next((r for r in ranks if r.rank == 0 and r.n_steps), None)
+    ref = ref or (with_rows[0] if with_rows else (ranks[0] if ranks else None))
+    settings = (ref.data.get("settings") if ref else None) or {}
+    if not isinstance(settings, Mapping):
+        settings = {}
+
+    n_rows = ref.n_steps if ref else 0
+    warmup_default = False
+    if warmup is None:
+        configured = as_int(settings.get("warmup"))
+        if configured is not None and configured >= 0:
+            warmup = configured
+        else:
+            warmup = default_warmup(n_rows)
+            warmup_default = True
+    if exclude_window is None:
+        exclude_window = not bool(settings.get("timer_only", False))
+
+    window = rank_window(ref) if ref else None
+    if window is None and isinstance(settings.get("scheduler"), (list, tuple)):
+        sched = settings["scheduler"]
+        if len(sched) == 2:
+            window = (int(sched[0]), int(sched[1]))
+    profiled = profiled_steps(ref) if ref else None
+    flops_step = counted_step(ref.data) if ref is not None else None
+    steps = counted(n_rows, warmup, (profiled or window) if exclude_window else None, flops_step)
+    # The FLOP-counted step is left out too, but is no window step.
+    after_warmup = counted(n_rows, warmup, None, flops_step).count
+    title = Title(
+        command=_command(run, ref),
+        run_dir=run.run_dir,
+        world_size=run.world_size,
+        rank=ref.rank if ref else None,
+        steps_recorded=n_rows,
+        steps_counted=steps.count,
+        warmup=warmup,
+        warmup_default=warmup_default,
+        window=window,
+        window_excluded=exclude_window,
+        window_steps=after_warmup - steps.count,
+        profiled=profiled or window,
+    )
+    report = Report(title=title, sections=_sections(ref))
+    report.problem = _no_measurement(run)
+    report.notes = _notes(ranks)
+    if report.problem is not None and not any(r.data.get("torch_imported") for r in ranks):
+        report.notes.append(BOOTSTRAP_HINT)
+    report.faults = _faults(ranks)
+
+    if run.world_size > 1 or run.missing:
+        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, alive)
+        report.problems = report.ranks.problems
+    else:
+        status = _launcher_exit_status(run)
+        report.problems = [
+            f"rank {r.rank}: {p}"
+            for r in ranks
+            if (p := rank_problem(r, status, alive=r.rank in set(alive)))
+        ]
+    if report.problem is not None:
+        # "recorded no steps" only repeats what `problem` already says.
+        report.problems = [p for p in report.problems if not p.endswith("recorded no steps")]
+
+    if ref is not None:
+        report.extras = _extras(ref)
+        report.device = device_summary(ranks)
+    # The reference rank's steps, read once for everything that needs them
+    # (a rank in a step file is read again at each use).
+    full = ref.table if ref is not None and ref.n_steps else None
+    report.window = window_report(ranks, ref, window, warmup, full)
+    table = None
+    if ref is not None and full is not None:
+        table = steps.take(full)
+        report.perf = perf_summary(table)
+        report.model = model_summary(table)
+        if not table.shape[0]:
+            report.notes.append(
+                f"all {steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
+                "or the detailed window: nothing left to summarise (lower --warmup)"
+            )
+        if forward_unseen(report.model):
+            report.notes.append(FORWARD_UNSEEN)
+        report.flops = _flops(ref, ranks, table, settings, report)
+        if report.model.overshoot_steps:
+            report.notes.append(
+                f"{steps_phrase(report.model.overshoot_steps)} recorded phases longer than "
+                f"the step itself (by up to {report.model.overshoot_max * 1e3:.3f} ms); "
+                "Others is shown as 0 for them"
+            )
+    report.advice = advise(advice_inputs(report, ref, ranks))
+    report.disturbed = _disturbed(run)
+    if results:
+        report.results = _results(run)
+    if series:
+        report.series = page_series(run, ref, warmup, exclude_window, full)
+        report.environment = fingerprint(run, full if ref is not None and ref.rank == 0 else None)
+    return report
+
+
+def _results(run: RunResults) -> dict[str, Any]:
+    """The merged results, as the JSON report ends with them: every rank's
+    document, and where its per-step records are (its step file: a long
+    run's millions of steps do not belong in a report)."""
+    return {
+        "run_dir": run.run_dir,
+        "meta": run.meta,
+        "missing_ranks": run.missing,
+        "ranks": [_with_step_path(r) for r in run.ranks],
+    }
+
+
+def _with_step_path(rank: RankResult) -> dict[str, Any]:
+    """A rank's document for the JSON report: format 2's steps with the
+    step file's full path added (format 1's rows are inline already)."""
+    if rank.steps_file is None:
+        return rank.data
+    steps = dict(rank.data.get("steps") or {}, path=os.path.abspath(rank.steps_file))
+    return dict(rank.data, steps=steps)
+
+
+def _flops(ref: RankResult, ranks: Sequence[RankResult], table: Any,
+           settings: Mapping[str, Any], report: Report) -> Optional[FlopsSummary]:
+    """Achieved FLOP/s and MFU (analysis/flops.py), and a note on the
+    counted step; a damaged record costs the figures, never the report."""
+    try:
+        peak = settings.get("peak_tflops")
+        peak = float(peak) if isinstance(peak, (int, float)) and peak > 0 else None
+        # Every rank's median step comes from the multi-rank summary, which
+        # has read each rank once already; the counted step is one row.
+        by_rank = {row.rank: row for row in report.ranks.rows} if report.ranks else {}
+        others = [(r.rank, r.data, by_rank[r.rank].step_median)
+                  for r in ranks if r.n_steps and r.rank in by_rank] if len(ranks) > 1 else []
+        step = counted_step(ref.data)
+        row = ref.take([step]) if step is not None and 0 <= step < ref.n_steps else None
+        summary = flops_summary(ref.data, table, row, peak, others)
+    except Exception:  # noqa: BLE001
+        return None
+    if summary is not None and summary.counted and summary.step is not None:
+        cost = summary.cost
+        slower = f", {cost * 1e3:.1f} ms slower than the median step" if cost and cost > 0 else ""
+        report.notes.append(
+            f"FLOPs counted on step {summary.step} (torch's FlopCounterMode{slower}); "
+            "that step is left out of the statistics"
+        )
+        report.notes.extend(f"FLOPs: {note}" for note in summary.notes)
+    return summary
+
+
+def _disturbed(run: RunResults) -> list[Flag]:
+    """The disturbance flags; evidence that cannot be read is no flag."""
+    try:
+        return flags_of(run)
+    except Exception:  # noqa: BLE001 - a damaged record must not cost the report
+        return []
+
+
+def _uses_gpu(report: Report, ranks: Sequence[RankResult]) -> bool:
+    if report.model is not None and report.model.has_gpu:
+        return True
+    return any(bool(r.data.get("gpu")) or bool(r.data.get("cuda")) for r in ranks)
+
+
+def advice_inputs(
+    report: Report, ref: Optional[RankResult], ranks: Sequence[RankResult]
+) -> AdviceInputs:
+    """The rules' inputs from a built report and the rank files it came from
+    (`ref` is the rank whose Perf and Model Summaries the report shows)."""
+    data: Mapping[str, Any] = ref.data if ref is not None else {}
+    device = data.get("device")
+    cpu_count = as_int(device.get("cpu_count")) if isinstance(device, Mapping) else None
+    host = (data.get("env") or {}).get("hostname")
+    on_host = sum(1 for r in ranks if (r.data.get("env") or {}).get("hostname") == host)
+    extra = data.get("extra")
+    init = extra.get("dataloader_init") if isinstance(extra, Mapping) else None
+    loaders = data.get("dataloaders")
+    window = report.window
+    reference = window.reference if window is not None else None
+    return AdviceInputs(
+        perf=report.perf,
+        model=report.model,
+        ranks=report.ranks,
+        device=report.device,
+        uses_gpu=_uses_gpu(report, ranks),
+        dataloaders=[d for d in loaders if isinstance(d, Mapping)]
+        if isinstance(loaders, list) else [],
+        dataloader_init=init if isinstance(init, Mapping) else None,
+        steps=report.title.steps_recorded,
+        cpu_count=cpu_count,
+        ranks_per_host=max(1, on_host) if host else 1,
+        window=tuple(window.window) if window is not None else None,
+        window_summary=reference.summary if reference is not None else None,
+        window_rank=reference.rank if reference is not None else None,
+    )

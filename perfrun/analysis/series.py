@@ -1,0 +1,217 @@
+"""What the page draws, as numbers: the step time over the whole run, each
+rank's medians and distribution, the traces to open.
+
+report.html (perfrun/report/html.py) draws the run where a table cannot
+show it: every step with its phases stacked, ranks side by side, two
+distributions of a comparison. Computed here, with the rest of the Report,
+the page needs nothing but the Report, and its figures are taken over the
+same counted steps as the tables' (selection.py).
+
+A run of 10^6 steps would make a per-step plot of tens of MB. Past
+MAX_BUCKETS steps, consecutive steps are grouped into equal buckets: the
+stacked phases are each bucket's mean (so they still add up to its mean
+step time) and the step time's min and max in each bucket are kept as an
+envelope, so a single slow step is never averaged away. Distributions are
+kept as their quartiles, never as the points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from perfrun.analysis import columns
+from perfrun.analysis.selection import profiled_steps, rank_counted, rank_window
+from perfrun.store.rankfile import RankResult
+from perfrun.store.results import RunResults
+from perfrun.store.stepfile import COL, PHASES
+
+#: At most this many points per series in the step-time chart: beyond it,
+#: buckets of consecutive steps (mean phases, min / max envelope). 2,000
+#: points is about the width of a screen in pixels, so no detail a reader
+#: could see is lost, and a 10^6-step run adds ~0.5 MB to the page.
+MAX_BUCKETS = 2000
+#: The quantities stacked in the step chart: the phases, then Others.
+QUANTITIES = (*PHASES, "others")
+
+
+def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
+    """Per-step (or per-bucket) series of one rank's steps for the chart.
+
+    Returns `x` (each point's first step index), `size` (steps per bucket,
+    1 when every step is drawn), the mean of each phase and of Others, the
+    step time's mean, min and max, and per point the time set aside from
+    the steps (`excluded`: eval passes, DataLoader start-up, end of data,
+    the profiler) summed, with the number of steps that had any. Bucket
+    means of the phases add up to the bucket's mean step time, as each
+    step's phases add up to its time.
+    """
+    n = int(table.shape[0])
+    step = columns.step_times(table)
+    parts = {p: columns.phase_times(table, p) for p in PHASES}
+    parts["others"] = columns.others_times(table)
+    excluded = columns.num(table[:, COL["excluded"]])
+    size = max(1, math.ceil(n / max_points)) if n else 1
+    if size == 1:
+        return {
+            "x": list(range(n)),
+            "size": 1,
+            "n": n,
+            "phases": {k: v for k, v in parts.items()},
+            "step": step,
+            "min": step,
+            "max": step,
+            "excluded": excluded,
+            "excluded_steps": (excluded > 0).astype(np.int64),
+        }
+    starts = np.arange(0, n, size)
+    counts = np.diff(np.append(starts, n)).astype(np.float64)
+
+    def mean(values: Any) -> Any:
+        return np.add.reduceat(values, starts) / counts
+
+    return {
+        "x": starts.tolist(),
+        "size": size,
+        "n": n,
+        "phases": {k: mean(v) for k, v in parts.items()},
+        "step": mean(step),
+        "min": np.minimum.reduceat(step, starts),
+        "max": np.maximum.reduceat(step, starts),
+        "excluded": np.add.reduceat(excluded, starts),
+        "excluded_steps": np.add.reduceat((excluded > 0).astype(np.int64), starts),
+    }
+
+
+def box_stats(values: Any) -> Optional[dict[str, float]]:
+    """Quartiles, median, mean, min and max of `values` (seconds): a box
+    plot drawn from these costs the same for 10 steps as for 10^7."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    if not arr.size:
+        return None
+    q1, med, q3 = np.percentile(arr, [25, 50, 75])
+    return {
+        "min": float(arr.min()),
+        "q1": float(q1),
+        "median": float(med),
+        "q3": float(q3),
+        "max": float(arr.max()),
+        "mean": float(arr.mean()),
+        "n": int(arr.size),
+    }
+
+
+def _steady(rank: RankResult, warmup: int, exclude_window: bool) -> Any:
+    """A rank's counted steps, its own profiled steps left out."""
+    return rank_counted(rank, warmup, exclude_window=exclude_window).take(rank.table)
+
+
+def medians_of(steady: Sequence[tuple[int, Any]]) -> dict[str, Any]:
+    """Each rank's median time per step in each phase, Others and the whole
+    step, over its counted steps (`steady`: rank, table). Medians, not
+    means: one slow step (a checkpoint, a GC pause) must not make a rank
+    look slow in a phase.
+
+    Returns `ranks` (rank numbers), `quantities` (phase keys, then
+    "others", "step"), `values` (seconds, ranks x quantities, None where a
+    rank has no steady step) and `slowest` (quantity -> rank), the rank with
+    the highest median per quantity when there are several ranks.
+    """
+    quantities = [*QUANTITIES, "step"]
+    ranks, values = [], []
+    for rank, table in steady:
+        ranks.append(rank)
+        if not table.shape[0]:
+            values.append([None] * len(quantities))
+            continue
+        row = []
+        for q in quantities:
+            if q == "step":
+                series = columns.step_times(table)
+            elif q == "others":
+                series = columns.others_times(table)
+            else:
+                series = columns.phase_times(table, q)
+            row.append(float(np.median(series)))
+        values.append(row)
+    slowest: dict[str, int] = {}
+    if len(ranks) > 1:
+        for j, q in enumerate(quantities):
+            known = [(v[j], r) for r, v in zip(ranks, values) if v[j] is not None]
+            if known and max(known)[0] > 0:
+                slowest[q] = max(known)[1]
+    return {"ranks": ranks, "quantities": quantities, "values": values, "slowest": slowest}
+
+
+def rank_phase_medians(run: RunResults, report: Any) -> dict[str, Any]:
+    """medians_of every rank of `run`, over the steps `report` counts (its
+    title's warm-up and window rule)."""
+    title = report.title
+    return medians_of([(r.rank, _steady(r, title.warmup, title.window_excluded))
+                       for r in run.ranks])
+
+
+@dataclass
+class PageSeries:
+    """The page's numbers of one run (seconds throughout)."""
+
+    #: The reference rank (the one the summaries show) and its steps'
+    #: series (step_series), None when it recorded no step.
+    rank: Optional[int] = None
+    steps: Optional[dict[str, Any]] = None
+    #: The steps torch.profiler ran over, and the window, of that rank.
+    profiled: Optional[tuple[int, int]] = None
+    window: Optional[tuple[int, int]] = None
+    #: p10, median and p90 of its counted steps' times, and how many.
+    steady: Optional[dict[str, float]] = None
+    #: Every other rank's step series: (rank, step_series).
+    others: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: medians_of every rank, and each rank's step-time distribution.
+    medians: dict[str, Any] = field(default_factory=dict)
+    boxes: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    #: Each rank's window trace, relative to the run folder: (rank, path).
+    traces: list[tuple[int, str]] = field(default_factory=list)
+
+    def box(self, rank: Optional[int]) -> Optional[dict[str, float]]:
+        return next((b for r, b in self.boxes if r == rank), None)
+
+
+def page_series(run: RunResults, ref: Optional[RankResult], warmup: int,
+                exclude_window: bool, ref_table: Any = None) -> PageSeries:
+    """The page's numbers: `ref` is the reference rank, `warmup` and
+    `exclude_window` the rule its summaries were counted by, `ref_table` its
+    steps when the caller has read them. Each rank's steps are read once (a
+    rank in a step file is read again at each use: a report over many long
+    ranks holds one rank at a time)."""
+    out = PageSeries(rank=ref.rank if ref is not None else None)
+    steady = []
+    for rank in run.ranks:
+        table = ref_table if rank is ref and ref_table is not None else rank.table
+        counted = rank_counted(rank, warmup, exclude_window=exclude_window).take(table)
+        steady.append((rank.rank, counted))
+        times = columns.step_times(counted)
+        stats = box_stats(times)
+        if stats:
+            out.boxes.append((rank.rank, stats))
+        summary = rank.data.get("window_summary")
+        trace = summary.get("trace") if isinstance(summary, dict) else None
+        if trace:
+            out.traces.append((rank.rank, str(trace)))
+        if not rank.n_steps:
+            continue
+        if rank is not ref:
+            s = step_series(table)
+            out.others.append((rank.rank, {"x": s["x"], "step": s["step"]}))
+            continue
+        out.steps = step_series(table)
+        out.profiled, out.window = profiled_steps(rank), rank_window(rank)
+        if times.size:
+            p10, med, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
+            out.steady = {"p10": p10, "median": med, "p90": p90, "n": int(times.size)}
+    out.medians = medians_of(steady)
+    return out

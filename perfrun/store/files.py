@@ -1,0 +1,92 @@
+"""Reading and writing perfrun's files safely: whole or not at all.
+
+A rank rewrites its document every few seconds while `perfrun watch` and
+`perfrun status` read it, and a run can be killed at any moment, so every
+document is written to a temporary file and renamed into place. Every way a
+file can fail to be read (missing, a folder, not UTF-8, not JSON, nested too
+deeply) ends here as one `ResultsError` line, so no reader has to know them.
+
+Standard library only: the rank imports this module at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .schema import shown
+
+#: ResultsError kinds: what the command line turns into an exit code.
+MISSING = "missing"
+DAMAGED = "damaged"
+
+
+class ResultsError(Exception):
+    """Results cannot be read; the message is one line for the user.
+
+    `kind` says why, for callers that act on it: MISSING (no such file or
+    folder: for a CI gate, no measurement was ever made) or DAMAGED (it
+    exists but is not perfrun's, is of an unknown version, or is broken)."""
+
+    def __init__(self, message: str, kind: str = DAMAGED) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+_COUNTER = 0
+
+
+def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
+    """Write via a temporary file and `os.replace`, so a reader (or a crash)
+    never sees half a file. `durable` adds an fsync, kept for the final write:
+    periodic flushes only need to survive the process, not the machine."""
+    directory = os.path.dirname(os.path.abspath(path))
+    global _COUNTER
+    _COUNTER += 1
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{_COUNTER}-{os.path.basename(path)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_json(path: str, missing: str = "cannot read {path}: no such file") -> Any:
+    """A JSON file's content, or a one-line ResultsError (results files and
+    baselines are read the same way). `missing` is the message for a file
+    that does not exist (kind MISSING)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ResultsError(missing.format(path=path), MISSING) from None
+    except IsADirectoryError:
+        raise ResultsError(f"cannot read {path}: it is a folder") from None
+    except OSError as exc:
+        raise ResultsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ResultsError(
+            f"cannot read {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+            f"at offset {exc.start}); perfrun writes its results as UTF-8 JSON"
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(
+            f"{path} is not valid JSON (truncated or corrupt at line {exc.lineno}, "
+            f"column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise ResultsError(f"cannot read {path}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise ResultsError(f"cannot read {path}: {shown(str(exc))}") from None
