@@ -252,6 +252,7 @@ def row(doc: dict[str, Any], name: str) -> dict[str, Any]:
 # -- verdicts --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_against_itself_passes(slow: Runs) -> None:
     """The slow run is compared with itself: its steps are mostly a
     busy-wait that ends on the wall clock, so they stay steady even on a
@@ -277,6 +278,7 @@ def test_a_run_against_itself_passes(slow: Runs) -> None:
     assert all(r["change"] in (0.0, None) for r in doc["rows"]), doc["rows"]
 
 
+@pytest.mark.slow
 def test_the_same_workload_twice_does_not_fire(pair: Runs) -> None:
     # See SAME_WORKLOAD_THRESHOLD for why 100% and not the 5% a CI job would use.
     done, doc = compare_json(
@@ -289,6 +291,7 @@ def test_the_same_workload_twice_does_not_fire(pair: Runs) -> None:
     assert doc["gate"]["baseline_steps"] == doc["gate"]["current_steps"] == 75
 
 
+@pytest.mark.slow
 def test_a_slowed_phase_fails_the_gate(slow: Runs) -> None:
     done = compare(slow, "base.json", "slow.json", "--max-regression", "5%")
     assert done.returncode == ExitCode.REGRESSION, done.describe()
@@ -304,12 +307,14 @@ def test_a_slowed_phase_fails_the_gate(slow: Runs) -> None:
     assert doc["throughput_change"] < -0.5
 
 
+@pytest.mark.slow
 def test_compare_without_a_threshold_only_shows_the_change(slow: Runs) -> None:
     done = compare(slow, "base.json", "slow.json")
     assert done.returncode == ExitCode.OK, done.describe()
     assert "no gate (give --max-regression to decide)" in done.out, done.describe()
 
 
+@pytest.mark.slow
 def test_a_gated_run_fails_on_a_regression(pair: Runs) -> None:
     done = perfrun(
         pair.work,
@@ -326,6 +331,7 @@ def test_a_gated_run_fails_on_a_regression(pair: Runs) -> None:
     assert "FAIL: median step time +" in done.out, done.describe()
 
 
+@pytest.mark.slow
 def test_too_few_steps_is_no_measurement(pair: Runs, short: Runs) -> None:
     # A gate that cannot decide for lack of steps must not pass forever:
     # exit 67, one line saying how many steps are needed.
@@ -349,6 +355,7 @@ def edited_baseline(runs: Runs, name: str, **fingerprint: Any) -> str:
     return name
 
 
+@pytest.mark.slow
 def test_a_different_environment_is_refused(slow: Runs) -> None:
     other = edited_baseline(slow, "other-torch.json", torch="1.13.1")
     done = compare(slow, other, "slow-log", "--max-regression", "5%")
@@ -368,6 +375,7 @@ def test_a_different_environment_is_refused(slow: Runs) -> None:
     assert "torch: baseline '1.13.1'" in done.out
 
 
+@pytest.mark.slow
 def test_a_different_commit_is_not_a_different_environment(slow: Runs) -> None:
     other = edited_baseline(
         slow, "other-commit.json", git={"commit": "0" * 40, "dirty": False}, hostname="elsewhere"
@@ -378,6 +386,7 @@ def test_a_different_commit_is_not_a_different_environment(slow: Runs) -> None:
     assert "Environments differ" not in done.out
 
 
+@pytest.mark.slow
 def test_save_baseline_writes_format_version_and_fingerprint(slow: Runs) -> None:
     base = json.loads((slow.work / "base.json").read_text(encoding="utf-8"))
     assert base["format"] == "perfrun-baseline"
@@ -400,6 +409,7 @@ def test_save_baseline_writes_format_version_and_fingerprint(slow: Runs) -> None
     assert mismatches(fp, edited["fingerprint"]) == []
 
 
+@pytest.mark.slow
 def test_a_newer_baseline_version_is_refused(pair: Runs) -> None:
     doc = json.loads((pair.work / "base.json").read_text(encoding="utf-8"))
     doc["version"] = 2
@@ -447,6 +457,7 @@ def check_expected(name: str, text: str) -> None:
     assert scrub(text) == path.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_markdown_report_matches_expected(slow: Runs) -> None:
     done = compare(
         slow,
@@ -475,6 +486,7 @@ def test_markdown_report_matches_expected(slow: Runs) -> None:
     check_expected("compare_pass.md", done.out)
 
 
+@pytest.mark.slow
 def test_junit_report_matches_expected(slow: Runs) -> None:
     done = compare(slow, "base.json", "slow.json", "--max-regression", "5%", "--format", "junit")
     assert done.returncode == ExitCode.REGRESSION, done.describe()
@@ -502,6 +514,7 @@ def test_junit_report_matches_expected(slow: Runs) -> None:
     check_expected("compare_pass.xml", done.out)
 
 
+@pytest.mark.slow
 def test_github_actions_summary_and_annotation(slow: Runs) -> None:
     summary = slow.work / "step-summary.md"
     summary.write_text("# An earlier step\n\n", encoding="utf-8")
@@ -538,6 +551,7 @@ def test_github_actions_summary_and_annotation(slow: Runs) -> None:
 # -- failures ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_crash_under_a_gate_is_no_measurement(pair: Runs) -> None:
     done = perfrun(
         pair.work,
@@ -556,6 +570,7 @@ def test_a_crash_under_a_gate_is_no_measurement(pair: Runs) -> None:
     ), done.describe()
 
 
+@pytest.mark.slow
 def test_a_missing_baseline_is_one_line_and_no_measurement(pair: Runs) -> None:
     # api.compare: a baseline that does not exist is "no measurement" (67),
     # as ExitCode.NO_MEASUREMENT documents; other unreadable files are 66.
@@ -582,6 +597,7 @@ pathlib.Path("ran.marker").write_text("ran")
 """
 
 
+@pytest.mark.slow
 def test_a_baseline_that_cannot_match_is_refused_before_the_script_runs(pair: Runs) -> None:
     (pair.work / "other.py").write_text(MARKER_SCRIPT, encoding="utf-8")
     marker = pair.work / "ran.marker"
@@ -600,6 +616,7 @@ def test_a_baseline_that_cannot_match_is_refused_before_the_script_runs(pair: Ru
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_gated_run_without_a_threshold_compares_like_compare(pair: Runs) -> None:
     done = perfrun(pair.work, "run", *train("ungated-log", options=("--baseline", "base.json")))
     assert done.returncode == ExitCode.OK, done.describe()
@@ -607,6 +624,7 @@ def test_a_gated_run_without_a_threshold_compares_like_compare(pair: Runs) -> No
     assert "no gate (give --max-regression to decide)" in done.out, done.describe()
 
 
+@pytest.mark.slow
 def test_a_baseline_of_several_runs_shows_what_the_gate_compares(pair: Runs) -> None:
     """The table's gated row and the verdict quote the same change: the
     median of the stored runs' medians against the current run's."""

@@ -50,6 +50,7 @@ def _generator(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shell", sorted(FILES))
 def test_committed_script_is_what_click_generates(shell: str) -> None:
     proc = _perfrun(_PERFRUN_COMPLETE=f"{shell}_source")
@@ -60,6 +61,7 @@ def test_committed_script_is_what_click_generates(shell: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_generator_reproduces_the_committed_files(tmp_path: Path) -> None:
     proc = _generator("--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -69,6 +71,7 @@ def test_generator_reproduces_the_committed_files(tmp_path: Path) -> None:
     assert _generator("--check").returncode == 0
 
 
+@pytest.mark.slow
 def test_generator_check_names_a_stale_file(tmp_path: Path) -> None:
     for name in FILES.values():
         shutil.copy(COMPLETIONS / name, tmp_path / name)
@@ -91,6 +94,7 @@ def test_scripts_register_for_perfrun() -> None:
         assert "_PERFRUN_COMPLETE=" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_script_parses() -> None:
     proc = subprocess.run(["bash", "-n", str(COMPLETIONS / "perfrun.bash")],
@@ -98,6 +102,7 @@ def test_bash_script_parses() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("words", "cword", "expected"),
     [
@@ -114,6 +119,7 @@ def test_completion_answers(words: str, cword: int, expected: list[str]) -> None
     assert proc.stdout.split() == expected
 
 
+@pytest.mark.slow
 def test_installed_bash_completion_completes_options() -> None:
     """The committed bash script, sourced, completes through a real `perfrun`."""
     bin_dir = Path(sys.executable).parent

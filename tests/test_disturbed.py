@@ -413,6 +413,7 @@ def evidence(log_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return meta["host_load"], json.loads(report.stdout)
 
 
+@pytest.mark.slow
 def test_a_run_beside_busy_processes_is_flagged_and_a_quiet_one_is_not(tmp_path: Path) -> None:
     with Busy() as busy:
         done = perfrun(tmp_path, "-q", "--log-dir", "busy", str(SCRIPT), "--steps", STEPS)
@@ -457,6 +458,7 @@ def test_a_run_beside_busy_processes_is_flagged_and_a_quiet_one_is_not(tmp_path:
     print(f"no quiet moment: other processes' cores (independent, perfrun's, flagged): {tries}")
 
 
+@pytest.mark.slow
 def test_a_disturbed_slower_run_is_inconclusive_never_a_regression(tmp_path: Path) -> None:
     done = perfrun(tmp_path, "-q", "--log-dir", "base", "--timer-only", "--save-baseline",
                    "base.json", str(SCRIPT), "--steps", "150")

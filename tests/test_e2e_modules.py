@@ -41,6 +41,8 @@ SLOW_BLOCK = 2
 SLOW_MS = 10.0
 SLOW = ["--slow-block", str(SLOW_BLOCK), "--slow-ms", str(SLOW_MS)]
 
+pytestmark = pytest.mark.slow
+
 
 class Background:
     """One perfrun run in a subprocess, waited for when its test needs it."""

@@ -39,6 +39,8 @@ TOLERANCE = 1e-6
 
 CALL_COLUMNS = ("dataloader_calls", "forward_calls", "backward_calls", "optimization_calls")
 
+pytestmark = pytest.mark.slow
+
 
 # -- invariants every run satisfies ------------------------------------------------
 

@@ -41,6 +41,8 @@ ALLREDUCE = str(SCRIPTS / "win_allreduce.py")
 TRAIN_STEPS = 20
 START, END = 5, 10
 
+pytestmark = pytest.mark.slow
+
 
 def only_rank(run_dir: Path) -> RankResult:
     ranks = read_run(str(run_dir)).ranks

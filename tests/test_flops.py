@@ -424,6 +424,7 @@ def test_schema_takes_the_section_and_older_files() -> None:
         check({"flops": {**section(), "forward": "many"}}, RANK_FILE)
 
 
+@pytest.mark.slow
 def test_tf32_read_from_either_api_without_a_warning() -> None:
     """torch >= 2.9 raises from the legacy `get_float32_matmul_precision()`
     once a script set the per-backend `fp32_precision`: both are read, in a

@@ -123,6 +123,7 @@ def spin(seconds: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)])
 
 
+@pytest.mark.slow
 @linux
 def test_the_job_is_the_roots_process_tree() -> None:
     # The sampler's root is this process: a busy child is the job's, not
@@ -140,6 +141,7 @@ def test_the_job_is_the_roots_process_tree() -> None:
     assert cost["samples"] == ev["samples"] and cost["cpu_seconds_avg"] < 0.05, cost
 
 
+@pytest.mark.slow
 @linux
 def test_a_busy_process_outside_the_tree_is_another_process() -> None:
     # Root the sampler at a sleeping child: the spinner (this process's

@@ -394,6 +394,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_dynamo_sees_torchs_own_module_call_and_compiled_models_are_roots() -> None:
     # In a subprocess: importing Dynamo here would change this process for
     # the tests that follow.
@@ -404,6 +405,7 @@ def test_dynamo_sees_torchs_own_module_call_and_compiled_models_are_roots() -> N
     assert done.stdout.strip().endswith("ok")
 
 
+@pytest.mark.slow
 def test_the_bytecodes_a_step_costs_are_counted_and_bounded() -> None:
     """scripts/bench_hotpath.py counts what perfrun adds to a step of
     workload (d): a count, not a time, so it can guard the hot path here.
@@ -425,6 +427,7 @@ def test_the_bytecodes_a_step_costs_are_counted_and_bounded() -> None:
     assert "(difference +0.0)" in out.stdout, out.stdout
 
 
+@pytest.mark.slow
 def test_the_in_process_benchmark_runs_every_kind_of_block(tmp_path: Path) -> None:
     """scripts/bench_inprocess.py times the hooks in and out of one process:
     checked here for what it runs and reports, never for its times."""

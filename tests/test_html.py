@@ -200,11 +200,13 @@ def _svg_texts(dom: str, chart: str) -> list[str]:
     return [htmlmod.unescape(" ".join(re.findall(r">([^<]+)<", f">{t}<"))) for t in texts]
 
 
+@pytest.mark.slow
 def test_every_run_folder_holds_its_page(runs: dict[str, Any]) -> None:
     for name in ("single", "ddp", "win", "gated"):
         assert (runs[name] / "report.html").stat().st_size > 1_000_000
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_single_rank_page_renders_with_the_runs_numbers(runs: dict[str, Any]) -> None:
     dom, console = _open(runs["single"] / "report.html")
@@ -228,6 +230,7 @@ def test_single_rank_page_renders_with_the_runs_numbers(runs: dict[str, Any]) ->
             in text
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_two_rank_heatmap_cells_are_the_per_rank_medians(runs: dict[str, Any]) -> None:
     run_dir = runs["ddp"]
@@ -253,6 +256,7 @@ def test_two_rank_heatmap_cells_are_the_per_rank_medians(runs: dict[str, Any]) -
     assert len(re.findall(r"slowest rank", dom)) >= 1
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_window_page_has_overview_modules_tables_and_trace(runs: dict[str, Any]) -> None:
     run_dir = runs["win"]
@@ -273,6 +277,7 @@ def test_window_page_has_overview_modules_tables_and_trace(runs: dict[str, Any])
     assert (run_dir / "trace" / "rank0.pt.trace.json").exists()
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_gated_page_shows_the_comparison(runs: dict[str, Any]) -> None:
     dom, console = _open(runs["gated"] / "report.html")
@@ -287,6 +292,7 @@ def test_gated_page_shows_the_comparison(runs: dict[str, Any]) -> None:
     assert any(t.startswith("current (") for t in dist)
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_compare_and_report_write_html_on_request(runs: dict[str, Any]) -> None:
     root = runs["root"]
@@ -305,12 +311,14 @@ def test_compare_and_report_write_html_on_request(runs: dict[str, Any]) -> None:
     assert link and (root / link.group(1)).resolve().exists()
 
 
+@pytest.mark.slow
 def test_report_of_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     proc = _perfrun(tmp_path, "report", "nowhere", "--format", "html", check=False)
     assert proc.returncode == 66
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_run_whose_page_cannot_be_written_keeps_its_exit_status(tmp_path: Path) -> None:
     """A plotly without its JavaScript bundle (here a stand-in package put
     first on the path): the run reports, says so in one note, and exits as

@@ -175,6 +175,7 @@ def flat(text: str) -> str:
 # -- perfrun dies: the run dies with it ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_of_perfrun_ends_the_script(tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -185,6 +186,7 @@ def test_sigkill_of_perfrun_ends_the_script(tmp_path: Path) -> None:
     assert survivors([script]) == []
 
 
+@pytest.mark.slow
 def test_sigkill_of_perfrun_ends_torchrun_and_every_worker(tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -203,6 +205,7 @@ def test_sigkill_of_perfrun_ends_torchrun_and_every_worker(tmp_path: Path) -> No
 # -- signals perfrun is sent reach the script ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigusr1_reaches_the_script_and_perfrun_exits_as_it_did(tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -217,6 +220,7 @@ def test_sigusr1_reaches_the_script_and_perfrun_exits_as_it_did(tmp_path: Path) 
     assert meta["signals"] == ["SIGUSR1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SIGUSR2", "SIGALRM"])
 def test_a_signal_the_script_does_not_handle_ends_both(tmp_path: Path, name: str) -> None:
     signum = getattr(signal, name)
@@ -238,6 +242,7 @@ def test_a_signal_the_script_does_not_handle_ends_both(tmp_path: Path, name: str
 # -- Ctrl-C is not "finished" ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_under_torchrun_marks_the_ranks_signalled(tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -260,6 +265,7 @@ def test_ctrl_c_under_torchrun_marks_the_ranks_signalled(tmp_path: Path) -> None
     assert not re.search(r"^\d\s+finished\s", out, flags=re.M), out
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_a_script_marks_it_signalled(tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -291,6 +297,7 @@ def test_ended_status(last: Optional[BaseException], status: str, exit_signal: o
 # -- a script that replaces itself at its end ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_exec_at_the_end_keeps_the_steps(tmp_path: Path) -> None:
     run = Run(tmp_path, str(EXEC))
     out, err = run.finish()
@@ -312,6 +319,7 @@ def test_exec_at_the_end_keeps_the_steps(tmp_path: Path) -> None:
 # -- torchrun's arguments, before anything runs ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [

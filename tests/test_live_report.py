@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 
 def test_a_report_of_a_run_in_progress_says_so(tmp_path: Any, capsys: Any) -> None:
     """A `running` rank whose process is alive on this machine is a run in

@@ -164,6 +164,7 @@ def _write_node(run_dir: str, key: str) -> None:
         runmeta.write_job_meta(run_dir, key, {"started": float(i), "n": i}, {"nnodes": "8"})
 
 
+@pytest.mark.slow
 def test_nodes_writing_at_once_all_end_up_in_run_json(tmp_path: Path) -> None:
     # Eight "nodes" rewrite their records at once, with no lock: the last
     # writer's re-check leaves every record in run.json.
@@ -251,6 +252,7 @@ def perfrun(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(["perfrun", *args], code, out.getvalue(), err.getvalue())
 
 
+@pytest.mark.slow
 def test_two_nodes_write_one_folder_that_reports_every_rank(tmp_path: Path) -> None:
     done = two_nodes(tmp_path, ("shared", "shared"))
     assert [d.returncode for d in done] == [0, 0], described(done)
@@ -275,6 +277,7 @@ def test_two_nodes_write_one_folder_that_reports_every_rank(tmp_path: Path) -> N
     assert "\n0 " in table and "\n1 " in table and "finished" in table, report.stdout
 
 
+@pytest.mark.slow
 def test_two_nodes_with_a_folder_each_are_combined_into_one(tmp_path: Path) -> None:
     # No --rdzv-id: both launchers derive the same job name from what they share.
     done = two_nodes(tmp_path, ("node0", "node1"), rdzv_id=None)

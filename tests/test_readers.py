@@ -359,6 +359,7 @@ def _rank_of(pid: Any, hostname: Any) -> RankResult:
     return rank
 
 
+@pytest.mark.slow
 def test_rank_alive() -> None:
     here = socket.gethostname()
     assert rank_alive(_rank_of(os.getpid(), here)) is True

@@ -120,6 +120,7 @@ def described(done: subprocess.CompletedProcess[str]) -> str:
 GATE_CODES = (ExitCode.OK, ExitCode.REGRESSION)
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs_as_written(work: Path) -> None:
     expect = {
         "perfrun --nsys train.py": (ExitCode.CONFIG,),

@@ -287,6 +287,7 @@ def analyze(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_analyze_prints_the_independent_figures_for_two_ranks() -> None:
     out = analyze(RANK0, RANK1, "--row-limit", "5")
     assert out.returncode == 0, out.stderr
@@ -299,6 +300,7 @@ def test_analyze_prints_the_independent_figures_for_two_ranks() -> None:
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_analyze_json_and_markdown() -> None:
     out = analyze(RANK0, "--format", "json")
     assert out.returncode == 0, out.stderr
@@ -312,6 +314,7 @@ def test_analyze_json_and_markdown() -> None:
     assert "396199.000" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
@@ -335,6 +338,7 @@ def test_analyze_refuses_what_is_not_a_trace(tmp_path: Any, content: Any, reason
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_analyze_skips_malformed_events_and_says_so(tmp_path: Any) -> None:
     events = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 100,

@@ -93,6 +93,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+@pytest.mark.slow
 def test_prune_removes_the_oldest_runs_perfrun_made(tmp_path: Path) -> None:
     log = tmp_path / "log"
     for i in range(4):
@@ -152,6 +153,7 @@ def test_the_config_sets_both(tmp_path: Path) -> None:
         load_config(str(path))
 
 
+@pytest.mark.slow
 def test_keep_prunes_when_a_run_starts(tmp_path: Path) -> None:
     log = tmp_path / "log"
     for i in range(3):
@@ -255,6 +257,7 @@ def test_trace_limit_reads_the_option() -> None:
     assert window.trace_limit(float("inf")) == 0
 
 
+@pytest.mark.slow
 def test_a_real_windows_trace_is_bounded_and_its_size_printed(tmp_path: Path) -> None:
     log = tmp_path / "log"
     start = time.monotonic()

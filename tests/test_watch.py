@@ -133,6 +133,7 @@ def _rank_line(screen: str, rank: int) -> list[str]:
     return []
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_watch_follows_a_two_rank_run_live_and_leaves_the_final_tables(tmp_path: Path) -> None:
     log = tmp_path / "log"

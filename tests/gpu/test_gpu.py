@@ -52,7 +52,7 @@ def cuda_missing() -> Optional[str]:
     return None
 
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 _MISSING = cuda_missing()
 if _MISSING is not None:
