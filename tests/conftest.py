@@ -182,22 +182,3 @@ def run_python(tmp_path: Path) -> Callable[..., bytes]:
 # End of the end-to-end training section.
 # ---------------------------------------------------------------------------
 
-
-# ---------------------------------------------------------------------------
-# Tests marked slow from here, whose modules do not import pytest: a mark
-# there would need an import line of its own.
-# ---------------------------------------------------------------------------
-
-#: (file name, test name) of each: it starts processes of its own.
-SLOW_ELSEWHERE = {
-    # two sleeping Python processes, one a child of the job, one not
-    ("test_device.py", "test_processes_of_the_job_are_not_others"),
-}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests in SLOW_ELSEWHERE `slow` before `-m` selects."""
-    for item in items:
-        if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_ELSEWHERE:
-            item.add_marker(pytest.mark.slow)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import pytest
+
 from perfrun.runtime.device import DeviceSampler, parse_visible
 
 GiB = 1 << 30
@@ -340,6 +342,7 @@ def test_a_gpu_whose_utilisation_is_unreadable_counts_every_sample_as_busy() -> 
     assert ev["reasons"] == {"sw_thermal_slowdown": 1.0}
 
 
+@pytest.mark.slow  # two sleeping Python processes, one a child of the job, one not
 def test_processes_of_the_job_are_not_others() -> None:
     import os
     import subprocess

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 from conftest import E2E_TIMEOUT, START_NOTICE, e2e_environment, script_stderr
 
-from perfrun.analysis.summary import BOOTSTRAP_HINT
 from perfrun.exitcodes import ExitCode
 from perfrun.store.rankfile import read_rank_file
+from perfrun.store.results import BOOTSTRAP_HINT
 
 pytestmark = pytest.mark.slow
 

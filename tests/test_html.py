@@ -24,7 +24,8 @@ from builders import MS, make_rank, make_rows, make_run
 from conftest import e2e_environment
 
 from perfrun import commands
-from perfrun.analysis import columns, series
+from perfrun.analysis import columns
+from perfrun.analysis import series as page_series
 from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import profiled_steps, steady_table
 from perfrun.report import html as page
@@ -67,7 +68,7 @@ def _table(n: int, seed: int = 0) -> Any:
 
 def test_a_short_run_is_drawn_step_by_step() -> None:
     t = _table(100)
-    s = series.step_series(t)
+    s = page_series.step_series(t)
     assert s["size"] == 1 and s["x"] == list(range(100))
     assert np.allclose(s["step"], columns.step_times(t))
     assert int(np.asarray(s["excluded_steps"]).sum()) == 1
@@ -76,8 +77,8 @@ def test_a_short_run_is_drawn_step_by_step() -> None:
 def test_a_long_run_is_bucketed_with_its_envelope() -> None:
     n = 1_000_000
     t = _table(n)
-    s = series.step_series(t)
-    assert len(s["x"]) <= series.MAX_BUCKETS and s["size"] == 500
+    s = page_series.step_series(t)
+    assert len(s["x"]) <= page_series.MAX_BUCKETS and s["size"] == 500
     step = columns.step_times(t)
     # The envelope keeps the single slow step; the means add up per bucket.
     assert max(s["max"]) == pytest.approx(step.max())
@@ -101,17 +102,17 @@ def test_a_million_step_page_stays_small(tmp_path: Path) -> None:
 
 
 def test_box_stats() -> None:
-    b = series.box_stats([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")])
+    b = page_series.box_stats([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")])
     assert b == {"min": 1.0, "q1": 2.0, "median": 3.0, "q3": 4.0, "max": 5.0, "mean": 3.0,
                  "n": 5}
-    assert series.box_stats([]) is None
+    assert page_series.box_stats([]) is None
 
 
 def test_rank_medians_name_the_slowest_rank_per_phase() -> None:
     fast = make_rows([{"forward": 2 * MS, "backward": 4 * MS}] * 20)
     slow = make_rows([{"forward": 3 * MS, "backward": 4 * MS}] * 20)
     run = make_run([make_rank(fast, rank=0, world_size=2), make_rank(slow, rank=1, world_size=2)])
-    m = series.rank_phase_medians(run, build_report(run))
+    m = page_series.rank_phase_medians(run, build_report(run))
     q = m["quantities"]
     assert m["ranks"] == [0, 1]
     assert m["values"][0][q.index("forward")] == 2 * MS
