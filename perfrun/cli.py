@@ -10,6 +10,10 @@ the two its usage line shows there, `--scheduler START END` and
 on stderr when it did; everything else after the script, `--help` and
 `--batch-size` included, is the script's, exactly as `python train.py ...`
 would get it. A `--` hands all that follows to the script.
+
+Each command imports what it runs (commands.py, watch.py) when it is
+called: `perfrun --help`, and the moment before a script starts, pay for
+nothing else.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ its flags, help and type make the `perfrun run` option (cli.py builds the
 click option and reads its value back by them), `commands=VIEW` or `GATE` adds
 it to report/analyze or compare, and `yaml=` a converter makes it a
 `Profiler:` key too. A rule across fields goes in Settings.validate.
+
+This module is imported inside every rank (the agent reads its settings
+with it): yaml is imported by the functions that use it, and click never
+(cli.py).
 """
 
 from __future__ import annotations
@@ -185,15 +189,23 @@ def _as_summary(origin: str, key: str, value: Any) -> dict[str, bool] | None:
 
 
 def parse_threshold(text: str) -> float:
-    """`--max-regression 5%` -> 0.05, by the gate's own parser; a bad value is
-    a SettingsError (exit 64, like any other bad setting), not a usage error.
-    The gate module is imported only when a threshold is given."""
-    from .analysis.gate import parse_threshold as parse
-
+    """The gate's threshold: `--max-regression 5%` (or 0.05, or 5) -> 0.05. A
+    bad value is a SettingsError (exit 64, like any other bad setting), not
+    a usage error."""
+    raw = text.strip()
     try:
-        return parse(text)
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from None
+        if raw.endswith("%"):
+            value = float(raw[:-1]) / 100.0
+        else:
+            value = float(raw)
+            if value >= 1.0:
+                value /= 100.0  # "5" means 5%
+    except ValueError:
+        raise SettingsError(
+            f"--max-regression takes a percentage like 5% (not {text!r})") from None
+    if not 0 <= value < 10:
+        raise SettingsError(f"--max-regression must be a percentage >= 0 (not {text!r})")
+    return value
 
 
 # -- how each setting is set ----------------------------------------------------

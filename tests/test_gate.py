@@ -21,8 +21,8 @@ from perfrun.analysis.gate import (
     autocorrelation_time,
     block_length,
     gate,
-    parse_threshold,
 )
+from perfrun.settings import parse_threshold
 from perfrun.store.baseline import mismatches
 
 #: Median step time of the synthetic baseline, in seconds.

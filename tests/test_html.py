@@ -112,7 +112,7 @@ def test_rank_medians_name_the_slowest_rank_per_phase() -> None:
     fast = make_rows([{"forward": 2 * MS, "backward": 4 * MS}] * 20)
     slow = make_rows([{"forward": 3 * MS, "backward": 4 * MS}] * 20)
     run = make_run([make_rank(fast, rank=0, world_size=2), make_rank(slow, rank=1, world_size=2)])
-    m = page_series.rank_phase_medians(run, build_report(run))
+    m = build_report(run).series.medians
     q = m["quantities"]
     assert m["ranks"] == [0, 1]
     assert m["values"][0][q.index("forward")] == 2 * MS

@@ -275,20 +275,3 @@ def disturbed_verdict(
         result, verdict=Verdict.INCONCLUSIVE, reason=reason, disturbed=flags,
         undisturbed=result.verdict,
     )
-
-
-def parse_threshold(text: str) -> float:
-    """'5%' or '0.05' -> 0.05."""
-    raw = text.strip()
-    try:
-        if raw.endswith("%"):
-            value = float(raw[:-1]) / 100.0
-        else:
-            value = float(raw)
-            if value >= 1.0:
-                value /= 100.0  # "5" means 5%
-    except ValueError:
-        raise ValueError(f"--max-regression takes a percentage like 5% (not {text!r})") from None
-    if not 0 <= value < 10:
-        raise ValueError(f"--max-regression must be a percentage >= 0 (not {text!r})")
-    return value

@@ -35,14 +35,11 @@ from perfrun.analysis.summary import (
     perf_summary,
 )
 from perfrun.analysis.window import WindowReport, window_report
+from perfrun.settings import SUMMARY_KEYS
 from perfrun.store.baseline import fingerprint
 from perfrun.store.rankfile import RankResult
 from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
 from perfrun.store.schema import as_int, finite_or_zero
-
-#: Sections a `Profiler.summary` mapping can switch off (the rest of its keys
-#: belong to the detailed window and are not decided here).
-SECTION_KEYS = ("overview", "model", "device", "dist", "kernel", "op", "mem", "memcpy")
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,7 @@ class Report:
     faults: list[Fault] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     problem: Optional[str] = None
-    sections: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SECTION_KEYS, True))
+    sections: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SUMMARY_KEYS, True))
     #: The detailed window's tables (analysis/window.py), when there is one.
     window: Optional[WindowReport] = None
     #: How window tables are shown: sort_by, row_limit, time_unit, op_detail.
@@ -306,11 +303,11 @@ def _notes(ranks: Sequence[RankResult]) -> list[str]:
 
 
 def _sections(ref: Optional[RankResult]) -> dict[str, bool]:
-    sections = dict.fromkeys(SECTION_KEYS, True)
+    sections = dict.fromkeys(SUMMARY_KEYS, True)
     settings = (ref.data.get("settings") if ref else None) or {}
     summary = settings.get("summary") if isinstance(settings, Mapping) else None
     if isinstance(summary, Mapping):
-        for key in SECTION_KEYS:
+        for key in SUMMARY_KEYS:
             if key in summary:
                 sections[key] = bool(summary[key])
     return sections

@@ -106,11 +106,6 @@ def box_stats(values: Any) -> Optional[dict[str, float]]:
     }
 
 
-def _steady(rank: RankResult, warmup: int, exclude_window: bool) -> Any:
-    """A rank's counted steps, its own profiled steps left out."""
-    return rank_counted(rank, warmup, exclude_window=exclude_window).take(rank.table)
-
-
 def medians_of(steady: Sequence[tuple[int, Any]]) -> dict[str, Any]:
     """Each rank's median time per step in each phase, Others and the whole
     step, over its counted steps (`steady`: rank, table). Medians, not
@@ -146,14 +141,6 @@ def medians_of(steady: Sequence[tuple[int, Any]]) -> dict[str, Any]:
             if known and max(known)[0] > 0:
                 slowest[q] = max(known)[1]
     return {"ranks": ranks, "quantities": quantities, "values": values, "slowest": slowest}
-
-
-def rank_phase_medians(run: RunResults, report: Any) -> dict[str, Any]:
-    """medians_of every rank of `run`, over the steps `report` counts (its
-    title's warm-up and window rule)."""
-    title = report.title
-    return medians_of([(r.rank, _steady(r, title.warmup, title.window_excluded))
-                       for r in run.ranks])
 
 
 @dataclass

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -71,8 +73,6 @@ class Stats:
         Where the platform has no extended type (numpy's longdouble is
         float64), the error is numpy's pairwise float64 sum's, a few units
         in the last place."""
-        import numpy as np
-
         arr = np.asarray(values, dtype=np.float64).ravel()
         clean = arr[np.isfinite(arr)]
         n = int(clean.size)
@@ -96,8 +96,6 @@ class Stats:
         the average is wanted (one figure per rank of a long run)."""
         if not _is_array(values):
             return Stats.of(values).avg
-        import numpy as np
-
         arr = np.asarray(values, dtype=np.float64).ravel()
         clean = arr[np.isfinite(arr)]
         if not clean.size:
@@ -140,8 +138,6 @@ class Rate:
         min. Rates from zero-length steps are infinite and left out rather
         than printed as `inf`."""
         if _is_array(per_step):
-            import numpy as np
-
             arr = np.asarray(per_step, dtype=np.float64)
             arr = arr[np.isfinite(arr)]
             # Only the extremes are needed: two values, not a list of all.
@@ -177,8 +173,7 @@ def default_warmup(n_steps: int) -> int:
 
 
 def _is_array(values: Any) -> bool:
-    """A numpy array, told apart without importing numpy."""
-    return type(values).__module__ == "numpy" and hasattr(values, "dtype")
+    return isinstance(values, np.ndarray)
 
 
 def _clamp(value: float, lo: float, hi: float) -> float:

@@ -15,6 +15,7 @@ from perfrun.analysis import columns
 from perfrun.analysis.selection import rank_counted
 from perfrun.analysis.summary import ModelSummary, model_summary
 from perfrun.analysis.trace import summarize
+from perfrun.store.layout import nsys_report
 from perfrun.store.rankfile import RankResult
 
 # --sort-by key -> the field of a table row it sorts on (descending, except name).
@@ -140,7 +141,7 @@ def window_report(
         report.notes.append(
             "under --nsys the window is nsys's capture range and torch.profiler records CPU "
             "activities only (two CUPTI clients cannot share a process): the GPU tables are "
-            "in the nsys report, nsys/rank<R>.nsys-rep in the run folder (open it in Nsight "
+            f"in the nsys report, {nsys_report('<R>')} in the run folder (open it in Nsight "
             "Systems, or `nsys stats` it)"
         )
     if not report.ranks and n_steps > start:

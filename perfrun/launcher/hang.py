@@ -17,7 +17,6 @@ tested on hand-built rank data; `HangWatch` only polls and signals.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from typing import Any, Optional
 
 from ..runtime.lifeline import STACK_SIGNAL
 from ..store.layout import HANG_FILE, stack_path
-from ..store.rankfile import hostname
+from ..store.rankfile import hostname, peek_rank_file
 from ..store.results import find_rank_files
 
 #: Seconds the launcher waits for the ranks' stack dumps.
@@ -96,12 +95,8 @@ def read_positions(run_dir: str) -> list[Position]:
     sees it)."""
     latest: dict[int, Position] = {}
     for path in find_rank_files(run_dir):
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
+        data = peek_rank_file(path)
+        if data is not None:
             p = position_of(data)
             latest[p.rank] = p
     return [latest[r] for r in sorted(latest)]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
+from perfrun.runtime.lifeline import AGENT_PID_VAR, die_with
+
 
 def split(argv: list[str]) -> tuple[set[str], list[str]]:
     if len(argv) < 3 or argv[1] != "--":
@@ -27,8 +29,6 @@ def tie_to_agent() -> None:
     """Die with torchrun's agent, which started this process. The request
     outlives the exec below, so nsys (or the rank itself) is killed when the
     agent dies, and the rank with it (its bootstrap ties it to nsys)."""
-    from perfrun.runtime.lifeline import AGENT_PID_VAR, die_with
-
     try:
         agent = int(os.environ.get(AGENT_PID_VAR, ""))
     except ValueError:

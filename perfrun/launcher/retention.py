@@ -21,7 +21,6 @@ each folder.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -33,6 +32,7 @@ from ..store.files import ResultsError
 from ..store.layout import MANAGED, NODES_DIR, REMOVING, RUN_META
 from ..store.rankfile import hostname, read_rank_file
 from ..store.results import pid_alive, rank_alive
+from ..store.runmeta import peek_run_meta
 
 #: The default of --keep: a few weeks of nightly runs, a day of busy work.
 DEFAULT_KEEP = 20
@@ -118,7 +118,7 @@ def read_state(path: str, ask: bool = True) -> Optional[RunState]:
                   and p.endswith(".json")]
     if meta_path not in files and not rank_files:
         return None
-    meta = _load(meta_path) if meta_path in files else {}
+    meta = peek_run_meta(path) if meta_path in files else {}
     mtimes = [_mtime(p) for p in files] or [_mtime(path)]
     started = meta.get("started")
     if not isinstance(started, (int, float)) or isinstance(started, bool):
@@ -172,15 +172,6 @@ def _files(path: str) -> list[str]:
         except OSError:
             pass
     return out
-
-
-def _load(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _mtime(path: str) -> float:

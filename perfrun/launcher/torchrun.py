@@ -20,6 +20,9 @@ import os
 import sys
 from typing import Any, Optional
 
+from perfrun.runtime.lifeline import AGENT_PID_VAR
+from perfrun.store.runmeta import write_torchrun_status
+
 #: The variable naming where the failures are recorded, set by the launcher.
 TORCHRUN_STATUS_VAR = "PERFRUN_TORCHRUN_STATUS"
 
@@ -67,10 +70,8 @@ def argument_problem(
 def main() -> None:
     # Popped, so the workers this agent starts do not inherit it.
     path = os.environ.pop(TORCHRUN_STATUS_VAR, None)
-    from perfrun.runtime.lifeline import AGENT_PID_VAR
-    from perfrun.store.runmeta import write_torchrun_status
-
     os.environ[AGENT_PID_VAR] = str(os.getpid())
+    # torch only here: the launcher imports this module for argument_problem.
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 

@@ -8,7 +8,6 @@ The formats each command offers are declared once, in settings.FORMATS.
 
 from __future__ import annotations
 
-import json
 from typing import IO, Callable, Optional
 
 from perfrun.analysis.compare import Comparison
@@ -17,7 +16,7 @@ from perfrun.analysis.window import TraceAnalysis
 from perfrun.report.comparison import comparison_blocks, render_junit
 from perfrun.report.content import analysis_blocks
 from perfrun.report.html import render_comparison_html, render_html
-from perfrun.report.jsonout import finite, render_json
+from perfrun.report.jsonout import render_analysis_json, render_comparison_json, render_json
 from perfrun.report.markdown import render_markdown, render_markdown_blocks
 from perfrun.report.table import make_console, render_blocks, render_table
 
@@ -31,7 +30,7 @@ _REPORT: dict[str, Callable[[Report, IO[str], Optional[int], Optional[str]], Non
 #: How each format writes a comparison.
 _COMPARISON: dict[str, Callable[[Comparison, IO[str]], None]] = {
     "table": lambda c, s: render_blocks(comparison_blocks(c), make_console(s)),
-    "json": lambda c, s: s.write(json.dumps(c.to_dict(), indent=2, sort_keys=True) + "\n"),
+    "json": lambda c, s: s.write(render_comparison_json(c) + "\n"),
     "markdown": lambda c, s: s.write(render_markdown_blocks(comparison_blocks(c))),
     "junit": lambda c, s: s.write(render_junit(c)),
     "html": lambda c, s: s.write(render_comparison_html(c)),
@@ -39,8 +38,7 @@ _COMPARISON: dict[str, Callable[[Comparison, IO[str]], None]] = {
 #: How each format writes `perfrun analyze`'s tables: (analysis, stream, view).
 _ANALYSIS: dict[str, Callable[[TraceAnalysis, IO[str], dict], None]] = {
     "table": lambda a, s, view: render_blocks(analysis_blocks(a, view), make_console(s)),
-    "json": lambda a, s, _view: s.write(
-        json.dumps(finite(a.to_dict()), indent=2, sort_keys=True, allow_nan=False) + "\n"),
+    "json": lambda a, s, _view: s.write(render_analysis_json(a) + "\n"),
     "markdown": lambda a, s, view: s.write(render_markdown_blocks(analysis_blocks(a, view))),
 }
 #: The formats a report, a comparison and an analysis can be written in.

@@ -25,6 +25,7 @@ Why this shape:
 from __future__ import annotations
 
 import html
+import importlib.util
 import json
 import math
 import os
@@ -489,8 +490,6 @@ def _chart_div(key: str, spec: dict[str, Any]) -> str:
 def _plotly_js() -> str:
     """plotly's own minified bundle, from the installed plotly package (no
     network; no import of plotly's Python side, which is slow to load)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
         raise RuntimeError("the plotly package is not installed (pip install plotly)")

@@ -1,4 +1,5 @@
-"""The report as one JSON document, for scripts and dashboards.
+"""The report (and a comparison, and `perfrun analyze`'s tables) as one JSON
+document, for scripts and dashboards.
 
 Numbers are raw (seconds, fractions, bytes, unrounded) under stable keys;
 formatting is the reader's business. The report's part is always strict
@@ -13,7 +14,9 @@ import json
 import math
 from typing import Any
 
+from perfrun.analysis.compare import Comparison
 from perfrun.analysis.report import Report
+from perfrun.analysis.window import TraceAnalysis
 
 
 def finite(value: Any) -> Any:
@@ -37,3 +40,11 @@ def render_json(report: Report) -> str:
         return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False)
     doc["results"] = results
     return json.dumps(doc, indent=2, sort_keys=True, default=str)
+
+
+def render_comparison_json(comparison: Comparison) -> str:
+    return json.dumps(comparison.to_dict(), indent=2, sort_keys=True)
+
+
+def render_analysis_json(analysis: TraceAnalysis) -> str:
+    return json.dumps(finite(analysis.to_dict()), indent=2, sort_keys=True, allow_nan=False)

@@ -60,6 +60,7 @@ import functools
 import os
 import sys
 import threading
+import types
 import weakref
 from typing import Any, Callable, Optional
 
@@ -826,8 +827,6 @@ def without_wrapper_frames(tb: Any) -> Any:
     """The traceback `tb` with the frames of perfrun's wrappers removed: each
     hooked call adds one frame to an exception passing through it, and the
     traceback a user sees must be the one `python script.py` prints."""
-    import types
-
     kept = []
     while tb is not None:
         if tb.tb_frame.f_code.co_filename not in _OWN_FILES:
@@ -843,8 +842,6 @@ def install_excepthook(record_fault: Callable[[str, BaseException], None]) -> No
     """Print uncaught exceptions without perfrun's frames (the exception
     object and its own traceback are left as they are for the script; only
     what is printed changes). Only when sys.excepthook is Python's own."""
-    import sys
-
     if sys.excepthook is not sys.__excepthook__:
         return
     original = sys.__excepthook__

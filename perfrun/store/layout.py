@@ -118,7 +118,7 @@ def nsys_output(run_dir: str, distributed: bool) -> str:
     return os.path.join(run_dir, NSYS_DIR, "rank%q{RANK}" if distributed else "rank0")
 
 
-def nsys_report(rank: int) -> str:
+def nsys_report(rank: int | str) -> str:
     """A rank's Nsight Systems report, relative to the run folder."""
     return f"{NSYS_DIR}/rank{rank}.nsys-rep"
 

@@ -397,6 +397,18 @@ def write_rank_file(path: str, document: Mapping[str, Any], *, durable: bool = F
 # -- the reader ----------------------------------------------------------------------------
 
 
+def peek_rank_file(path: str) -> Optional[dict[str, Any]]:
+    """A rank document as it stands, unchecked, or None when it cannot be
+    read now: for the live views that look every second (`perfrun status`,
+    the hang watch), which skip such a file and see it at the next look."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class RankResult:
     """One rank's results as read back from disk.
 

@@ -108,6 +108,17 @@ def read_run_meta(run_dir: str) -> dict[str, Any]:
     return meta
 
 
+def peek_run_meta(run_dir: str) -> dict[str, Any]:
+    """run.json as it stands, unchecked; empty when there is none or it
+    cannot be read (for --keep, which must decide on any folder)."""
+    try:
+        with open(run_meta_path(run_dir), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def run_started(run_dir: str) -> float:
     """When a run began: run.json's `started` (written before the script
     starts, so a run still in progress has it), else the folder's mtime."""
