@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional
 
+from .analysis.tracefile import TraceError
 from .launcher.launch import LaunchError, Outcome
 from .launcher.launch import run as launch_run
 from .settings import Settings
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DAMAGED", "MISSING", "EnvironmentMismatch", "LaunchError", "Outcome", "ResultsError",
-    "RunInputError", "RunResults", "analyze", "build_report", "compare", "load_baseline",
-    "load_run", "render", "run", "save_baseline",
+    "RunInputError", "RunResults", "TraceError", "analyze", "build_report", "compare",
+    "load_baseline", "load_run", "render", "run", "save_baseline",
 ]
 
 #: Told one line when a log folder's `latest` link does not name its newest

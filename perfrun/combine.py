@@ -2,7 +2,7 @@
 nodes, merged into one folder that `perfrun report` reads as the whole job.
 
 A job's nodes share one run folder only where `--log-dir` is on a shared
-filesystem (perfrun/job.py). Elsewhere each node keeps its own ranks, and
+filesystem (perfrun/launcher/job.py). Elsewhere each node keeps its own ranks, and
 the folders are gathered afterwards (CI artifacts, `scp`), as coverage.py
 users gather `.coverage.*` files and `coverage combine` them.
 

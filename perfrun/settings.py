@@ -369,7 +369,7 @@ class Settings:
     )
     nvtx: bool = option("--no-nvtx", default=True, yaml=_as_bool, help="Do not emit NVTX ranges.")
     #: Runs kept in the log folder (the oldest beyond are removed when a
-    #: run starts; retention.py); 0 keeps all.
+    #: run starts; launcher/retention.py); 0 keeps all.
     keep: int = option(
         "--keep", default=20, type=int, metavar="N", yaml=_as_int,
         help="Runs kept in the log folder: the oldest beyond N are removed when a run "
@@ -384,7 +384,7 @@ class Settings:
         "keeps the window's first steps (default 100; 0: no bound).",
     )
     #: Seconds with no rank finishing a step (counted from the launch) after
-    #: which the launcher reports a hang (hang.py); None: never.
+    #: which the launcher reports a hang (launcher/hang.py); None: never.
     hang_timeout: float | None = option(
         "--hang-timeout", type=float, metavar="S",
         help="Report a hang (each rank's step, phase and Python stack) when no rank has "
@@ -403,7 +403,7 @@ class Settings:
         help="Do not count the FLOPs of one step (achieved FLOP/s and MFU are then unknown).",
     )
     #: Peak dense TFLOP/s of one GPU for MFU (--peak-tflops), instead of
-    #: the table in peaks.py.
+    #: the table in analysis/peaks.py.
     peak_tflops: float | None = option(
         "--peak-tflops", type=float, metavar="X",
         help="Peak dense TFLOP/s of one GPU for MFU (default: looked up by GPU model "

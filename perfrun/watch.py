@@ -68,7 +68,7 @@ class RankView:
     last: Optional[float]  # seconds, the last step
     median: Optional[float]  # seconds, median of the last steps
     split: dict[str, float] = field(default_factory=dict)  # phase -> share of the last steps
-    where: str = ""  # its live position (hang.py), while it runs
+    where: str = ""  # its live position (launcher/hang.py), while it runs
 
 
 @dataclass

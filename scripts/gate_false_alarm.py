@@ -7,7 +7,7 @@ Runs one workload N times under `perfrun --timer-only` (default: a small CPU
 training loop fed by a DataLoader, 150 steps, one thread), then gates every
 ordered pair of runs (i, j), i != j, with run i as the baseline and run j as
 the current run, through the same API `perfrun compare` uses
-(perfrun.baseline.load and perfrun.compare.compare_runs). Every run is the
+(perfrun.store.baseline.load and perfrun.analysis.compare.compare_runs). Every run is the
 same workload, so every FAIL is a false alarm. It prints the number of pairs,
 the FAIL, INCONCLUSIVE and PASS counts and the false-alarm rate; --json
 writes the same figures with each run's median step time and each pair's

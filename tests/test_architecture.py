@@ -221,3 +221,16 @@ def test_run_folder_names_are_spelt_in_the_store_alone() -> None:
             if text in FOLDER_NAMES or any(part in text for part in NAME_PARTS):
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_format_a_command_offers_has_a_renderer() -> None:
+    """settings.FORMATS says which command prints which format; the
+    renderers' tables (report/__init__.py) must have each, and no other."""
+    from perfrun import report
+    from perfrun.settings import GATE_FORMATS, formats
+
+    assert set(formats("report")) == set(report.FORMATS)
+    assert set(formats("compare")) == set(report.COMPARISON_FORMATS)
+    assert set(formats("analyze")) == set(report.ANALYSIS_FORMATS)
+    # A run prints its report, and a gated run its comparison too.
+    assert set(formats("run")) <= set(report.FORMATS) | set(GATE_FORMATS)

@@ -1,4 +1,4 @@
-"""Hang diagnosis (perfrun/hang.py) on hand-written rank files: positions, the
+"""Hang diagnosis (perfrun/launcher/hang.py) on hand-written rank files: positions, the
 odd one out, the report's text, the watch's timing, and `perfrun status`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The launcher's host-load sampler (perfrun/hostload.py): its pure parts on
+"""The launcher's host-load sampler (perfrun/launcher/hostload.py): its pure parts on
 hand-written readings, then the sampler itself on real processes and the
 real /proc of this machine."""
 

@@ -1,4 +1,4 @@
-"""Several nodes of one torchrun job in one run folder (perfrun/job.py).
+"""Several nodes of one torchrun job in one run folder (perfrun/launcher/job.py).
 
 The deciders (the job's name, which folder a node joins, run.json merged
 from the nodes' records) are checked on plain data; then two perfrun

@@ -42,7 +42,7 @@ def test_other_nodes_ranks_are_not_missing(tmp_path: Path) -> None:
 
 
 def test_a_job_folders_missing_ranks_are_the_jobs(tmp_path: Path) -> None:
-    # One folder for the whole two-node job (job.py): its run.json counts
+    # One folder for the whole two-node job (launcher/job.py): its run.json counts
     # the job's ranks, so a rank no node wrote is missing.
     _write(tmp_path, "rank0.json", _rank(0, 4))
     _write(tmp_path, "rank1.json", _rank(1, 4))

@@ -1,5 +1,5 @@
 """A log folder that does not grow without bound: `--keep N` runs
-(perfrun/retention.py), and a window's trace file bounded by
+(perfrun/launcher/retention.py), and a window's trace file bounded by
 `--max-trace-mb` (runtime/window.py). The deciders on plain data, pruning
 on hand-made folders, then real runs."""
 

@@ -1,5 +1,5 @@
-"""Results format 2: the append-only step file (perfrun/stepfile.py), read
-back by results.py, written by the rank's agent as steps become final."""
+"""Results format 2: the append-only step file (perfrun/store/stepfile.py), read
+back by store/rankfile.py, written by the rank's agent as steps become final."""
 
 from __future__ import annotations
 

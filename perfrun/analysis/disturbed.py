@@ -10,7 +10,7 @@ gate gives no regression from such a run (gate.py, `disturbed_verdict`).
 
 The evidence comes from two places: each rank's NVML sampler
 (runtime/device.py: `device.gpus[].evidence` in the rank file) and each
-node's launcher (hostload.py: `host_load` in run.json, or in each node's
+node's launcher (launcher/hostload.py: `host_load` in run.json, or in each node's
 record of a multi-node job). Everything here is a pure function of that
 plain data.
 

@@ -74,7 +74,7 @@ class Outcome:
     returncode: int
     command: list[str]
     elapsed: float
-    #: Where perfrun.torchrun records how failed workers ended (torchrun only).
+    #: Where torchrun.py records how failed workers ended (torchrun only).
     status_path: Optional[str] = None
     #: --hang-timeout found the run hung (and reported it).
     hung: bool = False
@@ -159,7 +159,7 @@ def _point_latest(log_dir: str, run_dir: str) -> None:
 @dataclass
 class RunFolder:
     """Where a run's files go, and, for a node of a multi-node job, which
-    job and which node (see perfrun/job.py)."""
+    job and which node (see job.py)."""
 
     path: str
     #: The node's key in the job folder (`nodes/node<K>.json`), or None for
@@ -179,7 +179,7 @@ def _target(settings: Settings) -> list[str]:
 def prepare_job_dir(settings: Settings) -> RunFolder:
     """The folder of this node's multi-node job, shared by every node whose
     --log-dir is the same shared folder: named from the job, never from
-    this node's clock (perfrun/job.py). Fails here, before the script
+    this node's clock (job.py). Fails here, before the script
     starts, if it cannot be written."""
     import socket
 
@@ -268,7 +268,7 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
             nsys += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
         nsys += shlex.split(settings.nsys_args)
         if settings.distributed:
-            # Each worker passes through perfrun.nsys_rank even when every
+            # Each worker passes through nsys_rank.py even when every
             # rank is chosen: it ties nsys's life to torchrun's agent.
             ranks = settings.nsys_ranks or "all"
             selector = [sys.executable, "-E", "-m", "perfrun.launcher.nsys_rank", ranks]
