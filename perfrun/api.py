@@ -127,13 +127,15 @@ def compare(
     allow_env_mismatch: bool = False,
     ignore_disturbed: bool = False,
     note: Note = None,
+    series: bool = True,
 ) -> Comparison:
     """CURRENT against BASELINE (each a baseline file, a run folder or a log
     folder). With a `threshold` (0.05 for 5%), the gate's verdict is in
     `.gate`; a run whose measurement was disturbed gives no verdict unless
     `ignore_disturbed`. Raises RunInputError when either cannot be read,
     EnvironmentMismatch when a gate would compare different environments
-    (unless `allow_env_mismatch`)."""
+    (unless `allow_env_mismatch`). `series=False` leaves out what only the
+    comparison's page draws."""
     from .analysis.compare import compare_runs
     from .store import baseline as baselines
 
@@ -160,6 +162,7 @@ def compare(
         mismatches=differences,
         base_history=baselines.load_history(baseline),
         ignore_disturbed=ignore_disturbed,
+        series=series,
     )
 
 

@@ -125,15 +125,18 @@ def show_report(
     output: Optional[str],
     warmup: Optional[int],
     view: Optional[dict[str, Any]] = None,
+    page: bool = False,
 ) -> Optional[Report]:
     """Print (or write to `output`) the report of `run_dir` as `fmt`, and
     return the Report; None when the run never imported torch and its
-    short report was printed instead. Raises ResultsError, OSError."""
+    short report was printed instead. `page`: the Report will be drawn as
+    report.html too (what only the page draws is computed for html alone).
+    Raises ResultsError, OSError."""
     run = read_run(run_dir)
     if fmt == "table" and output is None and never_imported_torch(run):
         _print_no_torch(run)
         return None
-    report = api.build_report(run, warmup, view)
+    report = api.build_report(run, warmup, view, series=page or fmt == "html")
     # Links to the trace files are relative to where the page goes.
     base = os.path.dirname(os.path.abspath(output)) if output is not None else None
     with _destination(output) as stream:
@@ -224,7 +227,7 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         return gate_code if gate_code != ExitCode.OK or failed is None else failed
     try:
         shown = show_report(outcome.run_dir, settings.format, settings.output, settings.warmup,
-                            view_of(settings))
+                            view_of(settings), page=True)
         write_report_html(shown)
     except ResultsError as exc:
         say(f"error: {exc}")
@@ -376,7 +379,7 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
     if report_fmt is not None:
         try:
             shown = show_report(outcome.run_dir, report_fmt, report_out, settings.warmup,
-                                view_of(settings))
+                                view_of(settings), page=True)
         except ResultsError as exc:
             say(f"error: {exc}")
             failed = ExitCode.BAD_RESULTS
@@ -402,6 +405,7 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
         output=output if fmt == "junit" else None,
         warmup=settings.warmup,
         ignore_disturbed=settings.ignore_disturbed,
+        page=True,
     )
     # The page of a gated run holds the comparison too, when there was one.
     if comparison is not None:
@@ -444,9 +448,10 @@ def _compare(
     output: Optional[str],
     warmup: Optional[int],
     ignore_disturbed: bool,
+    page: bool = False,
 ) -> tuple[int, Optional[Comparison]]:
     """The comparison, printed, and the exit code it earns; the comparison
-    is None when none could be made."""
+    is None when none could be made. `page`: a page will be drawn of it."""
     code = _output_problem(output)
     if code is not None:
         return code, None
@@ -456,7 +461,8 @@ def _compare(
     try:
         comparison = api.compare(baseline, current, threshold, warmup=warmup,
                                  allow_env_mismatch=allow_env_mismatch,
-                                 ignore_disturbed=ignore_disturbed, note=note)
+                                 ignore_disturbed=ignore_disturbed, note=note,
+                                 series=page or fmt == "html")
     except api.RunInputError as exc:
         say(f"error: {exc}")
         missing_baseline = exc.which == "baseline" and exc.kind == MISSING

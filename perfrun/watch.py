@@ -196,7 +196,7 @@ def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-def render_snapshot(snap: Snapshot, note: str = "") -> Any:
+def render_snapshot(snap: Snapshot, note: str = "") -> Group:
     """The live view: a rich renderable at most 80 columns wide."""
 
     head = Text(f"perfrun watch  {time.strftime('%H:%M:%S')}", style="bold")
@@ -247,7 +247,7 @@ def _resolve(path: str) -> Optional[str]:
 
 
 def watch(path: str, interval: float = INTERVAL, last: int = LAST_STEPS,
-          console: Any = None) -> int:
+          console: Optional[Console] = None) -> int:
     """Follow the run in `path` (a run folder, or a log folder whose newest
     run is followed, waiting for one if it has none) until it ends, then
     print its final report. Exit 66 when `path` does not exist, 130 on
@@ -290,7 +290,7 @@ def watch(path: str, interval: float = INTERVAL, last: int = LAST_STEPS,
     return _final(run_dir, console)
 
 
-def _final(run_dir: str, console: Any) -> int:
+def _final(run_dir: str, console: Console) -> int:
     """The run's final tables, left on the screen."""
     try:
         run = read_run(run_dir)
@@ -300,5 +300,5 @@ def _final(run_dir: str, console: Any) -> int:
     returncode = run.meta.get("returncode")
     console.print("perfrun watch: the run ended"
                   + (f" (exit status {returncode})" if isinstance(returncode, int) else ""))
-    render_table(build_report(run), console)
+    render_table(build_report(run, series=False), console)
     return ExitCode.OK

@@ -112,13 +112,15 @@ def compare_runs(
     mismatches: Optional[list[str]] = None,
     base_history: Sequence[RunResults] = (),
     ignore_disturbed: bool = False,
+    series: bool = True,
 ) -> Comparison:
     """`base_history`: earlier runs stored in the same baseline file; the
     gate uses them to measure how much whole runs differ.
     `ignore_disturbed`: gate even when a run's measurement was disturbed
-    (a machine known to be shared); otherwise such a run gives no verdict."""
-    b = build_report(base, warmup=warmup)
-    c = build_report(current, warmup=warmup)
+    (a machine known to be shared); otherwise such a run gives no verdict.
+    `series`: the reports carry what the comparison's page draws."""
+    b = build_report(base, warmup=warmup, series=series)
+    c = build_report(current, warmup=warmup, series=series)
     rows: list[Row] = []
     if b.perf is not None and c.perf is not None:
         rows += [

@@ -237,7 +237,8 @@ def multi_rank_summary(
 STRAGGLER_STEPS = 20_000
 
 
-def _straggler(ranks: Sequence[RankResult], warmup: int, exclude_window: bool) -> Any:
+def _straggler(ranks: Sequence[RankResult], warmup: int,
+               exclude_window: bool) -> Optional[Straggler]:
     """The straggler verdict (straggler.py) over the steady steps every rank
     recorded, at most STRAGGLER_STEPS of them: the steps are chosen from the
     ranks' step counts alone, then read rank by rank."""

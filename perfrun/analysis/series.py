@@ -37,6 +37,8 @@ from perfrun.store.stepfile import COL, PHASES
 MAX_BUCKETS = 2000
 #: The quantities stacked in the step chart: the phases, then Others.
 QUANTITIES = (*PHASES, "others")
+#: The quantities of each rank's medians: those, then the whole step.
+MEDIAN_QUANTITIES = (*QUANTITIES, "step")
 
 
 def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
@@ -106,41 +108,40 @@ def box_stats(values: Any) -> Optional[dict[str, float]]:
     }
 
 
-def medians_of(steady: Sequence[tuple[int, Any]]) -> dict[str, Any]:
-    """Each rank's median time per step in each phase, Others and the whole
-    step, over its counted steps (`steady`: rank, table). Medians, not
-    means: one slow step (a checkpoint, a GC pause) must not make a rank
-    look slow in a phase.
+def _medians(table: Any) -> list[Optional[float]]:
+    """A rank's median time per step in each of MEDIAN_QUANTITIES, over its
+    counted steps (`table`); None where it has none. Medians, not means: one
+    slow step (a checkpoint, a GC pause) must not make a rank look slow in a
+    phase."""
+    if not table.shape[0]:
+        return [None] * len(MEDIAN_QUANTITIES)
+    row: list[Optional[float]] = []
+    for q in MEDIAN_QUANTITIES:
+        if q == "step":
+            series = columns.step_times(table)
+        elif q == "others":
+            series = columns.others_times(table)
+        else:
+            series = columns.phase_times(table, q)
+        row.append(float(np.median(series)))
+    return row
 
-    Returns `ranks` (rank numbers), `quantities` (phase keys, then
-    "others", "step"), `values` (seconds, ranks x quantities, None where a
-    rank has no steady step) and `slowest` (quantity -> rank), the rank with
-    the highest median per quantity when there are several ranks.
-    """
-    quantities = [*QUANTITIES, "step"]
-    ranks, values = [], []
-    for rank, table in steady:
-        ranks.append(rank)
-        if not table.shape[0]:
-            values.append([None] * len(quantities))
-            continue
-        row = []
-        for q in quantities:
-            if q == "step":
-                series = columns.step_times(table)
-            elif q == "others":
-                series = columns.others_times(table)
-            else:
-                series = columns.phase_times(table, q)
-            row.append(float(np.median(series)))
-        values.append(row)
+
+def medians_of(ranks: Sequence[int], values: Sequence[Sequence[Optional[float]]]
+               ) -> dict[str, Any]:
+    """Every rank's medians (`values`, ranks x MEDIAN_QUANTITIES) as the page
+    draws them: `ranks`, `quantities`, `values` (seconds, None where a rank
+    has no counted step) and `slowest` (quantity -> rank), the rank with the
+    highest median per quantity when there are several ranks."""
+    quantities = list(MEDIAN_QUANTITIES)
     slowest: dict[str, int] = {}
     if len(ranks) > 1:
         for j, q in enumerate(quantities):
             known = [(v[j], r) for r, v in zip(ranks, values) if v[j] is not None]
             if known and max(known)[0] > 0:
                 slowest[q] = max(known)[1]
-    return {"ranks": ranks, "quantities": quantities, "values": values, "slowest": slowest}
+    return {"ranks": list(ranks), "quantities": quantities, "values": [list(v) for v in values],
+            "slowest": slowest}
 
 
 @dataclass
@@ -168,19 +169,23 @@ class PageSeries:
         return next((b for r, b in self.boxes if r == rank), None)
 
 
-def page_series(run: RunResults, ref: Optional[RankResult], warmup: int,
-                exclude_window: bool, ref_table: Any = None) -> PageSeries:
+def page_series(run: RunResults, ref: Optional[RankResult], warmup: int, exclude_window: bool,
+                ref_table: Any = None, ref_counted: Any = None) -> PageSeries:
     """The page's numbers: `ref` is the reference rank, `warmup` and
-    `exclude_window` the rule its summaries were counted by, `ref_table` its
-    steps when the caller has read them. Each rank's steps are read once (a
+    `exclude_window` the rule its summaries were counted by; `ref_table` and
+    `ref_counted` its steps and its counted steps, when the caller has them.
+    Each other rank's steps are read once and let go before the next's (a
     rank in a step file is read again at each use: a report over many long
     ranks holds one rank at a time)."""
     out = PageSeries(rank=ref.rank if ref is not None else None)
-    steady = []
+    ranks, medians = [], []
     for rank in run.ranks:
-        table = ref_table if rank is ref and ref_table is not None else rank.table
-        counted = rank_counted(rank, warmup, exclude_window=exclude_window).take(table)
-        steady.append((rank.rank, counted))
+        mine = rank is ref and ref_table is not None
+        table = ref_table if mine else rank.table
+        counted = ref_counted if mine and ref_counted is not None else (
+            rank_counted(rank, warmup, exclude_window=exclude_window).take(table))
+        ranks.append(rank.rank)
+        medians.append(_medians(counted))
         times = columns.step_times(counted)
         stats = box_stats(times)
         if stats:
@@ -200,5 +205,5 @@ def page_series(run: RunResults, ref: Optional[RankResult], warmup: int,
         if times.size:
             p10, med, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
             out.steady = {"p10": p10, "median": med, "p90": p90, "n": int(times.size)}
-    out.medians = medians_of(steady)
+    out.medians = medians_of(ranks, medians)
     return out

@@ -19,7 +19,6 @@ and the window tables are one computation.
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import os
 from collections.abc import Iterable
@@ -179,6 +178,8 @@ def load_trace(path: str) -> Trace:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
+            import gzip  # only for a gzipped trace: `perfrun` loads this module at start
+
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
             raise TraceError(f"cannot read {path}: damaged gzip data ({exc})") from None

@@ -1,11 +1,11 @@
 """A comparison (perfrun compare, or a gated run) as blocks, shared by the
 terminal table, the Markdown and the page as the run report's are, and as
-JUnit XML (report/__init__.py's `render_comparison` picks the format)."""
+JUnit XML (report/__init__.py's `render_comparison` picks the format).
+JUnit's XML escaping is imported by `render_junit` alone (see there)."""
 
 from __future__ import annotations
 
 from typing import Optional
-from xml.sax.saxutils import escape, quoteattr
 
 from perfrun.analysis.compare import Comparison
 from perfrun.analysis.gate import Verdict
@@ -84,6 +84,10 @@ def comparison_blocks(c: Comparison) -> list[Block]:
 
 def render_junit(c: Comparison) -> str:
     """One test case per decision, so CI systems show the gate like a test."""
+    # Here, not at the top: xml.sax loads urllib and http (20 ms), which
+    # every `perfrun report` would pay for a format it does not print.
+    from xml.sax.saxutils import escape, quoteattr
+
     name = "step_time"
     message = verdict_line(c)
     failed = c.problem is not None or (c.gate is not None and c.gate.verdict == Verdict.FAIL)

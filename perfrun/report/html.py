@@ -660,6 +660,9 @@ def render_html(report: Report, base_dir: Optional[str] = None,
     """The whole page of one run (with a comparison, when the run was
     gated). `base_dir` is the folder the page will be written to, for
     relative links to the trace files; None for absolute ones."""
+    if report.series is None:
+        raise ValueError("the page draws the report's series: build the report with "
+                         "series=True")
     # The page's tables sort, filter and scroll: every row, whole names.
     view = dict(report.view, name_width=4096,
                 row_limit=max(int(report.view.get("row_limit") or 0), HTML_ROW_LIMIT))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from collections.abc import Mapping
 from itertools import chain
@@ -280,7 +279,9 @@ def hostname() -> str:
     compares it (is a rank's process on this host, to be asked if alive?)."""
     try:
         return os.uname().nodename
-    except AttributeError:  # not POSIX
+    except AttributeError:  # not POSIX; socket costs a rank 3 ms to import
+        import socket
+
         return socket.gethostname()
 
 
