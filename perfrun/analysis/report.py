@@ -431,8 +431,6 @@ def build_report(
     table = None
     if ref is not None and full is not None:
         table = steps.take(full)
-        if not series:
-            full = None  # a long rank's steps, let go once counted
         report.perf = perf_summary(table)
         report.model = model_summary(table)
         if not table.shape[0]:
@@ -454,8 +452,12 @@ def build_report(
     if results:
         report.results = _results(run)
     if series:
-        report.series = page_series(run, ref, warmup, exclude_window, full, table)
         report.environment = fingerprint(run, full if ref is not None and ref.rank == 0 else None)
+    # A long rank's steps are let go before the series read the ranks one
+    # at a time: a report over many long ranks holds one rank at a time.
+    full = table = None
+    if series:
+        report.series = page_series(run, ref, warmup, exclude_window)
     return report
 
 

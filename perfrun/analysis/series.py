@@ -169,41 +169,44 @@ class PageSeries:
         return next((b for r, b in self.boxes if r == rank), None)
 
 
-def page_series(run: RunResults, ref: Optional[RankResult], warmup: int, exclude_window: bool,
-                ref_table: Any = None, ref_counted: Any = None) -> PageSeries:
+def page_series(run: RunResults, ref: Optional[RankResult], warmup: int,
+                exclude_window: bool) -> PageSeries:
     """The page's numbers: `ref` is the reference rank, `warmup` and
-    `exclude_window` the rule its summaries were counted by; `ref_table` and
-    `ref_counted` its steps and its counted steps, when the caller has them.
-    Each other rank's steps are read once and let go before the next's (a
-    rank in a step file is read again at each use: a report over many long
-    ranks holds one rank at a time)."""
+    `exclude_window` the rule its summaries were counted by. Each rank's
+    steps are read once and let go before the next's are read (a rank in a
+    step file is read again at each use: a report over many long ranks
+    holds one rank at a time)."""
     out = PageSeries(rank=ref.rank if ref is not None else None)
-    ranks, medians = [], []
-    for rank in run.ranks:
-        mine = rank is ref and ref_table is not None
-        table = ref_table if mine else rank.table
-        counted = ref_counted if mine and ref_counted is not None else (
-            rank_counted(rank, warmup, exclude_window=exclude_window).take(table))
-        ranks.append(rank.rank)
-        medians.append(_medians(counted))
-        times = columns.step_times(counted)
-        stats = box_stats(times)
-        if stats:
-            out.boxes.append((rank.rank, stats))
-        summary = rank.data.get("window_summary")
-        trace = summary.get("trace") if isinstance(summary, dict) else None
-        if trace:
-            out.traces.append((rank.rank, str(trace)))
-        if not rank.n_steps:
-            continue
-        if rank is not ref:
-            s = step_series(table)
-            out.others.append((rank.rank, {"x": s["x"], "step": s["step"]}))
-            continue
-        out.steps = step_series(table)
-        out.profiled, out.window = profiled_steps(rank), rank_window(rank)
-        if times.size:
-            p10, med, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
-            out.steady = {"p10": p10, "median": med, "p90": p90, "n": int(times.size)}
-    out.medians = medians_of(ranks, medians)
+    medians = [_add_rank(out, rank, rank is ref, warmup, exclude_window) for rank in run.ranks]
+    out.medians = medians_of([r.rank for r in run.ranks], medians)
     return out
+
+
+def _add_rank(out: PageSeries, rank: RankResult, is_ref: bool, warmup: int,
+              exclude_window: bool) -> list[Optional[float]]:
+    """One rank's part of the page, added to `out`; its medians returned.
+    A function of its own so that its steps are let go on return."""
+    table = rank.table
+    counted = rank_counted(rank, warmup, exclude_window=exclude_window).take(table)
+    times = columns.step_times(counted)
+    stats = box_stats(times)
+    if stats:
+        out.boxes.append((rank.rank, stats))
+    summary = rank.data.get("window_summary")
+    trace = summary.get("trace") if isinstance(summary, dict) else None
+    if trace:
+        out.traces.append((rank.rank, str(trace)))
+    medians = _medians(counted)
+    del counted
+    if not rank.n_steps:
+        return medians
+    series = step_series(table)
+    if not is_ref:
+        out.others.append((rank.rank, {"x": series["x"], "step": series["step"]}))
+        return medians
+    out.steps = series
+    out.profiled, out.window = profiled_steps(rank), rank_window(rank)
+    if times.size:
+        p10, med, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
+        out.steady = {"p10": p10, "median": med, "p90": p90, "n": int(times.size)}
+    return medians
