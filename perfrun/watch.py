@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .analysis import columns
+from .analysis.pipeline import LoaderPipeline
 from .analysis.report import build_report
 from .exitcodes import ExitCode
 from .launcher.hang import position_of
@@ -82,6 +83,8 @@ class Snapshot:
     ended: bool
     returncode: Optional[int]
     last: int = LAST_STEPS
+    #: The Data Pipeline in a line: the fetch of the loader the steps wait on.
+    data: str = ""
 
 
 def rank_view(rank: RankResult, alive: Optional[bool], last: int = LAST_STEPS) -> RankView:
@@ -157,12 +160,15 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
         worst, who = max(medians)
         slowest = (who, worst, worst / middle - 1.0 if middle > 0 else 0.0)
     advice: list[str] = []
+    data = ""
     if with_advice and any(r.n_steps for r in run.ranks):
         try:
             report = build_report(run, alive=live, series=False)
             # The finding, not the list of things to try: the final tables
             # have those, and the live view must fit a terminal.
             advice = [f"{a.title}: {a.message}" for a in report.advice if a.evidence]
+            main = report.pipeline.main if report.pipeline is not None else None
+            data = pipeline_line(main) if main is not None else ""
         except Exception as exc:  # noqa: BLE001 - a partial file must not end the view
             advice = [f"(advice not available yet: {type(exc).__name__})"]
     command = run.meta.get("command")
@@ -177,7 +183,20 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
         returncode=run.meta.get("returncode") if isinstance(run.meta.get("returncode"), int)
         else None,
         last=last,
+        data=data,
     )
+
+
+def pipeline_line(lp: LoaderPipeline) -> str:
+    """`Data: fetch 0.39 ms: dataset 48%, collate 50%; 257 of 257 fetches
+    held up`: the loader the steps wait on, stage by stage (its largest
+    stages), as the Data Pipeline table has it."""
+    if lp.fetch is None:
+        return ""
+    stages = sorted((s for s in lp.stages if s.share >= 0.05), key=lambda s: -s.share)[:3]
+    parts = ", ".join(f"{s.name} {s.share * 100:.0f}%" for s in stages)
+    return (f"Data: fetch {lp.fetch * 1e3:.2f} ms ({lp.num_workers} workers): {parts}; "
+            f"{lp.held} of {lp.fetches} fetches held up")
 
 
 def _where_now(data: dict[str, Any], now: float) -> str:
@@ -224,6 +243,8 @@ def render_snapshot(snap: Snapshot, note: str = "") -> Group:
     if snap.missing:
         lines.append(Text(f"no results yet from rank(s) {', '.join(map(str, snap.missing))}",
                           style="yellow"))
+    if snap.data:
+        lines.append(Text(snap.data, overflow="fold"))
     if snap.slowest is not None:
         who, med, excess = snap.slowest
         lines.append(Text(f"Slowest rank: {who} (median {med * 1e3:.2f} ms a step, "

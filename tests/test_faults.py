@@ -228,6 +228,27 @@ def test_script_exception_inside_wrapped_call_keeps_its_traceback(
     assert "rank 0: raised ValueError after 2 steps" in under.stdout
 
 
+@pytest.mark.parametrize("where", ["dataloader", "collate"])
+def test_an_exception_in_a_dataloader_worker_keeps_its_traceback(
+    tmp_path: Path, where: str
+) -> None:
+    """The Dataset or the collate_fn raises in a worker process: torch
+    formats the traceback there and raises it again in the loop. perfrun
+    times the collate in the worker and the fetch in the loop (the Data
+    Pipeline), and neither wrapper shows: the whole stderr is the plain
+    run's, the worker's traceback inside it included."""
+    args = [str(USER_ERROR), "--where", where, "--workers", "1"]
+    plain = run(*args, cwd=tmp_path)
+    under = perfrun("--log-dir", str(tmp_path / "log"), *args, cwd=tmp_path)
+    assert plain.returncode == under.returncode == 1, describe(under)
+    assert under.stdout.startswith(plain.stdout)
+    assert f"ValueError: user failure in {where} at step 2" in plain.stderr
+    assert "DataLoader worker process 0" in plain.stderr
+    # (script_stderr takes perfrun's closing lines off the end, and the
+    # blank lines before them: the plain run's last line is blank too.)
+    assert script_stderr(under.stderr) == plain.stderr.rstrip("\n").splitlines()
+
+
 def test_sys_exit_inside_forward_passes_its_status(tmp_path: Path) -> None:
     args = [str(USER_ERROR), "--where", "forward", "--exit", "5"]
     plain = run(*args, cwd=tmp_path)
@@ -236,7 +257,9 @@ def test_sys_exit_inside_forward_passes_its_status(tmp_path: Path) -> None:
     assert plain.returncode == 5
     assert under.returncode == 5, describe(under)
     assert under.stdout.startswith(plain.stdout)
-    assert script_stderr(under.stderr) == plain.stderr.splitlines()
+    # (script_stderr takes perfrun's closing lines off the end, and the
+    # blank lines before them: the plain run's last line is blank too.)
+    assert script_stderr(under.stderr) == plain.stderr.rstrip("\n").splitlines()
     data = rank_data(run_dir_of(log))
     assert data["status"] == "finished"
     assert data["exit"] == {"exception": None, "signal": None}
@@ -291,7 +314,9 @@ def test_full_disk_mid_run_leaves_the_script_alone(tmp_path: Path) -> None:
     under = perfrun("--log-dir", str(log), "--flush-interval", "0.2", *args, cwd=tmp_path)
     assert under.returncode == 0, describe(under)
     assert under.stdout.startswith(plain.stdout)
-    assert script_stderr(under.stderr) == plain.stderr.splitlines()
+    # (script_stderr takes perfrun's closing lines off the end, and the
+    # blank lines before them: the plain run's last line is blank too.)
+    assert script_stderr(under.stderr) == plain.stderr.rstrip("\n").splitlines()
     # One line from perfrun in the script's process, then the launcher's.
     lines = [x for x in under.stderr.splitlines() if not x.startswith(START_NOTICE)]
     said = lines[len(plain.stderr.splitlines()) :]

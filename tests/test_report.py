@@ -93,8 +93,9 @@ of cores; CPU(System) is the whole machine, 0-100%.
 **Advice**
 
 - I/O-bound: Reader Ratio 5.208% (above 5%): each step waits 15.6 ms for its batch out of \
-300 ms. Try: load the data in parallel with the model (a torch DataLoader with num_workers > 0), \
-or make each batch cheaper to produce.
+300 ms. Try: measure the fetch stage by stage before changing num_workers: perfrun's default \
+mode (without --timer-only) times the sampler, the dataset, the collate and the workers, and \
+says which change would pay.
 
 **Outside the steps (whole run)**
 

@@ -16,6 +16,10 @@ it against the tables, and an `Advice` cannot be made without evidence.
 Thresholds (module constants, so tests and readers see one value):
 
 * I/O-bound: Reader Ratio (avg reader_cost / avg batch_cost) above 5%.
+  What to change in the DataLoader comes from its fetch's stages and only
+  from them (dataload.py: workers only where they are predicted to shorten
+  the step, with the prediction quoted); without the stages (timer-only),
+  the advice says how to measure them.
 * CPU-bound, GPU runs: a GPU the run used averaged under 80% utilisation.
 * CPU-bound, CPU-only runs: Others above 20% of the step. Others alone, not
   Others + Dataloader: the DataLoader's share already has its own rule, and
@@ -40,13 +44,15 @@ Thresholds (module constants, so tests and readers see one value):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from perfrun.analysis.dataload import cores_for_rank, judge
 from perfrun.analysis.device import DeviceSummary
+from perfrun.analysis.pipeline import PipelineSummary
 from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
+from perfrun.analysis.stats import duration
 from perfrun.analysis.straggler import ranks_phrase
 from perfrun.analysis.summary import PHASE_TITLES, ModelSummary, PerfSummary, forward_unseen
 from perfrun.store.schema import as_finite, as_int
@@ -145,7 +151,8 @@ class AdviceInputs:
     the DataLoaders the reference rank iterated (rank file `dataloaders`),
     `dataloader_init` its `extra.dataloader_init` ({calls, time}), `steps`
     the steps it recorded, `cpu_count` its machine's cores and
-    `ranks_per_host` how many ranks share them. `window_summary` is the
+    `ranks_per_host` how many ranks share them, `other_cores` how many other
+    processes took (host-load evidence). `window_summary` is the
     detailed window's summary of `window_rank`.
     """
 
@@ -158,10 +165,13 @@ class AdviceInputs:
     dataloader_init: Optional[Mapping[str, Any]] = None
     steps: int = 0
     cpu_count: Optional[int] = None
+    #: The cores other processes took on the host, on average over the run.
+    other_cores: Optional[float] = None
     ranks_per_host: int = 1
     window: Optional[tuple[int, int]] = None
     window_summary: Optional[Mapping[str, Any]] = None
     window_rank: Optional[int] = None
+    pipeline: Optional[PipelineSummary] = None
 
 
 Rule = Callable[[AdviceInputs], list[Advice]]
@@ -177,22 +187,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def duration(seconds: float) -> str:
-    """A time with three significant digits in a unit that suits it."""
-    for unit, factor in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
-        value = seconds * factor
-        if abs(value) >= 1.0 or unit == "us":
-            return f"{_sig(value)} {unit}"
-    return f"{seconds} s"  # pragma: no cover - the loop always returns
-
-
-def _sig(value: float) -> str:
-    if value == 0.0:
-        return "0"
-    digits = max(0, 2 - int(math.floor(math.log10(abs(value)))))
-    return f"{value:.{digits}f}"
 
 
 def _percent(value: float) -> str:
@@ -213,40 +207,11 @@ def _loader_settings(loader: Mapping[str, Any]) -> str:
 def _loader_actions(
     loader: Mapping[str, Any], inp: AdviceInputs, perf: PerfSummary
 ) -> tuple[list[str], dict[str, Any]]:
-    """What to change in one DataLoader, and the numbers behind it."""
+    """What to change in one DataLoader whatever its stages say (its
+    iterator's start-up, pinning on a GPU run), and the numbers behind it."""
     actions: list[str] = []
     evidence: dict[str, Any] = {}
     workers = as_int(loader.get("num_workers"))
-    cores = as_int(inp.cpu_count)
-    share = max(1, inp.ranks_per_host)
-    per_rank = cores // share if cores else None
-    if workers is not None:
-        if per_rank is None:
-            if workers == 0:
-                actions.append(
-                    "raise num_workers from 0 (e.g. 4) so batches are loaded in worker "
-                    "processes while the model runs"
-                )
-            else:
-                actions.append(f"raise num_workers from {workers}")
-        elif workers < per_rank:
-            evidence["cpu_count"] = cores
-            where = f"the machine's {cores} CPU cores"
-            if share > 1:
-                where += f" ({per_rank} for each of its {share} ranks)"
-                evidence["ranks_per_host"] = share
-            what = (
-                " so batches are loaded in worker processes while the model runs"
-                if workers == 0 else ""
-            )
-            actions.append(f"raise num_workers from {workers} toward {where}{what}")
-        else:
-            evidence["cpu_count"] = cores
-            actions.append(
-                f"num_workers={workers} already uses the {per_rank} cores available to this "
-                "rank: make the Dataset's __getitem__ cheaper (decode or augment once and "
-                "cache, smaller files, augmentation on the GPU)"
-            )
     if loader.get("pin_memory") is False and inp.uses_gpu:
         actions.append("pin_memory=True, so copies to the GPU come from page-locked memory")
     init = inp.dataloader_init or {}
@@ -267,17 +232,21 @@ def _loader_actions(
             f"start-up took {duration(init_time)} in all ({duration(init_time / calls)} "
             "each), which persistent workers pay once"
         )
-    factor = as_int(loader.get("prefetch_factor"))
-    if workers and factor is not None:
-        actions.append(
-            f"a larger prefetch_factor (now {factor}) if some batches are much slower "
-            "to load than others"
-        )
     return actions, evidence
 
 
+#: Said where the fetch was not measured stage by stage.
+UNMEASURED = (
+    "measure the fetch stage by stage before changing num_workers: perfrun's default mode "
+    "(without --timer-only) times the sampler, the dataset, the collate and the workers, "
+    "and says which change would pay"
+)
+
+
 def io_bound(inp: AdviceInputs) -> list[Advice]:
-    """The loop waits on its data: Reader Ratio above `READER_RATIO_LIMIT`."""
+    """The loop waits on its data: Reader Ratio above `READER_RATIO_LIMIT`.
+    What to change comes from the fetch's stages (dataload.py), and only
+    from them: without them, the advice says how to measure them."""
     perf = inp.perf
     if perf is None or not perf.steps:
         return []
@@ -307,7 +276,33 @@ def io_bound(inp: AdviceInputs) -> list[Advice]:
         if loader not in loaders:
             loaders.append(loader)
     actions: list[str] = []
-    if loaders:
+    main = inp.pipeline.main if inp.pipeline is not None else None
+    if main is not None and main.fetch is not None:
+        loader = _loader(main.settings)
+        name = loader.get("dataset") or "a dataset"
+        message += f" DataLoader over {name}: {_loader_settings(loader)}."
+        evidence["dataloaders"] = [loader]
+        calls = perf.dataloader_calls
+        per_step = calls / perf.steps if calls else 1.0
+        cores = cores_for_rank(inp.cpu_count, inp.ranks_per_host, inp.other_cores)
+        found = judge(main, batch, reader, cores, per_step)
+        if cores is not None and inp.other_cores and cores_for_rank(
+                inp.cpu_count, inp.ranks_per_host) != cores:
+            found.message += (f" Other processes took {inp.other_cores:.2f} of the host's "
+                              f"{inp.cpu_count} cores on average during the run: the advice "
+                              f"counts {cores} for this rank.")
+            found.evidence["other_cores"] = inp.other_cores
+        if found.message:
+            message += " " + found.message
+        evidence["pipeline"] = found.evidence
+        if inp.cpu_count:
+            evidence["cpu_count"] = inp.cpu_count
+            evidence["ranks_per_host"] = inp.ranks_per_host
+        actions += found.actions
+        these, numbers = _loader_actions(loader, inp, perf)
+        evidence.update(numbers)
+        actions += these
+    elif loaders:
         evidence["dataloaders"] = loaders
         several = len(loaders) > 1
         for loader in loaders:
@@ -316,11 +311,9 @@ def io_bound(inp: AdviceInputs) -> list[Advice]:
             these, numbers = _loader_actions(loader, inp, perf)
             evidence.update(numbers)
             actions += [f"({name}) {a}" if several else a for a in these]
+        actions.append(UNMEASURED)
     else:
-        actions.append(
-            "load the data in parallel with the model (a torch DataLoader with "
-            "num_workers > 0), or make each batch cheaper to produce"
-        )
+        actions.append(UNMEASURED)
     return [Advice("io-bound", message, evidence, tuple(actions))]
 
 

@@ -20,8 +20,9 @@ from typing import Any, Optional
 
 from perfrun.analysis.advice import Advice, AdviceInputs, advise
 from perfrun.analysis.device import DeviceSummary, device_summary
-from perfrun.analysis.disturbed import Flag, flags_of
+from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
+from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
 from perfrun.analysis.ranks import MultiRankSummary, multi_rank_summary, rank_problem, steps_phrase
 from perfrun.analysis.selection import counted, profiled_steps, rank_window
 from perfrun.analysis.series import PageSeries, page_series
@@ -39,7 +40,7 @@ from perfrun.settings import SUMMARY_KEYS
 from perfrun.store.baseline import fingerprint
 from perfrun.store.rankfile import RankResult
 from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
-from perfrun.store.schema import as_int, finite_or_zero
+from perfrun.store.schema import as_finite, as_int, finite_or_zero
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,9 @@ class Report:
     advice: list[Advice] = field(default_factory=list)
     #: Achieved FLOP/s and MFU (analysis/flops.py); None for older files.
     flops: Optional[FlopsSummary] = None
+    #: The reference rank's DataLoaders, stage by stage (analysis/pipeline.py);
+    #: None in timer-only, or for files of an older perfrun.
+    pipeline: Optional[PipelineSummary] = None
     #: Why the figures may not be the script's own (analysis/disturbed.py).
     disturbed: list[Flag] = field(default_factory=list)
     #: What the page draws (analysis/series.py): the step series, each
@@ -212,6 +216,7 @@ class Report:
             "window": self.window.to_dict() if self.window is not None else None,
             "advice": [a.to_dict() for a in self.advice],
             "flops": self.flops.to_dict() if self.flops is not None else None,
+            "pipeline": self.pipeline.to_dict() if self.pipeline is not None else None,
             "disturbed": [f.to_dict() for f in self.disturbed],
             **({"results": self.results} if self.results is not None else {}),
         }
@@ -447,7 +452,9 @@ def build_report(
                 f"the step itself (by up to {report.model.overshoot_max * 1e3:.3f} ms); "
                 "Others is shown as 0 for them"
             )
-    report.advice = advise(advice_inputs(report, ref, ranks))
+    if ref is not None:
+        report.pipeline = _pipeline(ref)
+    report.advice = advise(advice_inputs(report, ref, ranks, run.meta))
     report.disturbed = _disturbed(run)
     if results:
         report.results = _results(run)
@@ -510,12 +517,33 @@ def _flops(ref: RankResult, ranks: Sequence[RankResult], table: Any,
     return summary
 
 
+def _pipeline(ref: RankResult) -> Optional[PipelineSummary]:
+    """The reference rank's DataLoaders stage by stage; tables that cannot
+    be read cost the table, never the report."""
+    try:
+        return loader_pipeline(ref)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _disturbed(run: RunResults) -> list[Flag]:
     """The disturbance flags; evidence that cannot be read is no flag."""
     try:
         return flags_of(run)
     except Exception:  # noqa: BLE001 - a damaged record must not cost the report
         return []
+
+
+def _other_cores(meta: Mapping[str, Any], host: Any) -> Optional[float]:
+    """The cores other processes took on `host` during the run, on average
+    (the launcher's host-load evidence), where it was measured."""
+    try:
+        evidence = host_evidence(meta)
+    except Exception:  # noqa: BLE001 - a damaged record must not cost the report
+        return None
+    mine = [e for e in evidence if e.get("host") == host] or (
+        evidence if len(evidence) == 1 else [])
+    return as_finite(mine[0].get("other_cores")) if mine else None
 
 
 def _uses_gpu(report: Report, ranks: Sequence[RankResult]) -> bool:
@@ -525,14 +553,17 @@ def _uses_gpu(report: Report, ranks: Sequence[RankResult]) -> bool:
 
 
 def advice_inputs(
-    report: Report, ref: Optional[RankResult], ranks: Sequence[RankResult]
+    report: Report, ref: Optional[RankResult], ranks: Sequence[RankResult],
+    meta: Optional[Mapping[str, Any]] = None,
 ) -> AdviceInputs:
     """The rules' inputs from a built report and the rank files it came from
-    (`ref` is the rank whose Perf and Model Summaries the report shows)."""
+    (`ref` is the rank whose Perf and Model Summaries the report shows;
+    `meta` the run's run.json, for the load other processes put on its host)."""
     data: Mapping[str, Any] = ref.data if ref is not None else {}
     device = data.get("device")
     cpu_count = as_int(device.get("cpu_count")) if isinstance(device, Mapping) else None
     host = (data.get("env") or {}).get("hostname")
+    other_cores = _other_cores(meta or {}, host)
     on_host = sum(1 for r in ranks if (r.data.get("env") or {}).get("hostname") == host)
     extra = data.get("extra")
     init = extra.get("dataloader_init") if isinstance(extra, Mapping) else None
@@ -550,8 +581,10 @@ def advice_inputs(
         dataloader_init=init if isinstance(init, Mapping) else None,
         steps=report.title.steps_recorded,
         cpu_count=cpu_count,
+        other_cores=other_cores,
         ranks_per_host=max(1, on_host) if host else 1,
         window=tuple(window.window) if window is not None else None,
         window_summary=reference.summary if reference is not None else None,
         window_rank=reference.rank if reference is not None else None,
+        pipeline=report.pipeline,
     )

@@ -178,3 +178,19 @@ def _is_array(values: Any) -> bool:
 
 def _clamp(value: float, lo: float, hi: float) -> float:
     return lo if value < lo else hi if value > hi else value
+
+
+def duration(seconds: float) -> str:
+    """A time with three significant digits in a unit that suits it."""
+    for unit, factor in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
+        value = seconds * factor
+        if abs(value) >= 1.0 or unit == "us":
+            return f"{_sig(value)} {unit}"
+    return f"{seconds} s"  # pragma: no cover - the loop always returns
+
+
+def _sig(value: float) -> str:
+    if value == 0.0:
+        return "0"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:.{digits}f}"

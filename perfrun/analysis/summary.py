@@ -67,6 +67,15 @@ class PerfSummary:
     ips: Rate
     samples_ips: Optional[Rate]
     reader_ratio: Optional[float]
+    #: DataLoader fetches in the counted steps (None: not known). With none,
+    #: the script makes its batches itself (nanoGPT's `get_batch`, full-batch
+    #: graph training, RL rollouts) and that time is in Others, not in a
+    #: Reader Ratio of 0%.
+    dataloader_calls: Optional[int] = None
+
+    @property
+    def no_dataloader(self) -> bool:
+        return self.dataloader_calls == 0 and self.steps > 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +85,7 @@ class PerfSummary:
             "ips": self.ips.to_dict(),
             "samples_ips": self.samples_ips.to_dict() if self.samples_ips else None,
             "reader_ratio": self.reader_ratio,
+            "dataloader_calls": self.dataloader_calls,
         }
 
 
@@ -104,6 +114,7 @@ def perf_summary(rows: Any) -> PerfSummary:
     else:
         ratio = reader.avg / batch.avg
     return PerfSummary(
+        dataloader_calls=columns.phase_calls(t, "dataloader") if n else None,
         steps=n,
         reader_cost=reader,
         batch_cost=batch,

@@ -19,6 +19,7 @@ from perfrun.report.summary_blocks import (
     device_block,
     model_block,
     perf_block,
+    pipeline_blocks,
     ranks_block,
     with_flops,
 )
@@ -68,6 +69,8 @@ def blocks(report: Report, view: Optional[dict[str, Any]] = None) -> list[Block]
         out.append(perf_block(report.perf, report.title.warmup, report.title.window_steps))
     if report.model is not None and report.show("model"):
         out.append(with_flops(model_block(report.model), report.flops))
+    if report.pipeline is not None:
+        out.extend(pipeline_blocks(report.pipeline))
     if report.ranks is not None and report.show("dist"):
         out.append(ranks_block(report.ranks))
     if report.device is not None and report.show("device"):

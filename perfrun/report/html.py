@@ -625,7 +625,7 @@ def _split(items: list[Block]) -> dict[str, list[Block]]:
         key = getattr(b, "key", None)
         if isinstance(b, TitleBlock) or key == "disturbed":
             groups["title"].append(b)
-        elif key in summary_keys:
+        elif key in summary_keys or (key or "").startswith("pipeline"):
             groups["summary"].append(b)
         elif key == "ranks":
             groups["ranks"].append(b)

@@ -1,5 +1,5 @@
-"""The summary tables as blocks: Perf, Model (with FLOP rates), Ranks and
-Device Summaries. The detailed window's Model table is the same block
+"""The summary tables as blocks: Perf, Model (with FLOP rates), Data
+Pipeline, Ranks and Device Summaries. The detailed window's Model table is the same block
 (window_blocks.py)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from typing import Optional
 
 from perfrun.analysis.device import DeviceSummary
 from perfrun.analysis.flops import FlopsSummary
+from perfrun.analysis.pipeline import STAGE_TITLES, LoaderPipeline, PipelineSummary
 from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.analysis.straggler import ranks_phrase
@@ -26,6 +27,10 @@ from perfrun.report.primitives import (
 )
 from perfrun.store.stepfile import PHASES
 
+#: The Perf Summary's line for steps that fetched from no DataLoader: their
+#: batches were made by the script, in Others, not loaded for free.
+NO_DATALOADER = "no DataLoader: batch preparation is counted in Others"
+
 
 def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: int = 2) -> str:
     parts = [fmt_num(v, decimals, factor) for v in (stats.total, stats.avg, stats.max, stats.min)]
@@ -36,7 +41,9 @@ def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: i
 def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
     unit, factor = PERF_UNIT
     counts = []
-    if perf.reader_ratio is not None:
+    if perf.no_dataloader:
+        counts.append(NO_DATALOADER)
+    elif perf.reader_ratio is not None:
         counts.append(f"Reader Ratio: {perf.reader_ratio * 100:.3f}%")
     counts.append(f"warm-up steps excluded: {warmup}")
     if window_steps:
@@ -261,3 +268,77 @@ def device_block(device: DeviceSummary, world_size: int) -> TableBlock:
     columns = [Column("Device", "left"), Column("Util avg (%)"), Column("Util max (%)"),
                Column("Memory", "left")]
     return TableBlock("device", "Device Summary", [], columns, rows, footer=footer)
+
+
+def pipeline_blocks(pipeline: PipelineSummary) -> list[TableBlock]:
+    """The Data Pipeline: per DataLoader, its fetch stage by stage, and its
+    workers (analysis/pipeline.py)."""
+    out = []
+    for lp in pipeline.loaders:
+        if lp.fetch is None:
+            continue
+        unit, factor = time_unit(lp.fetch, coarse="ms")
+        s = lp.settings
+        size = f"batch_size {s.get('batch_size')}"
+        if s.get("batch_size") is None and lp.samples is not None:
+            size = f"{s.get('batch_sampler') or 'batch_sampler'} of {lp.samples}"
+        what = (f"DataLoader {lp.loader} over {s.get('dataset') or '?'} ({size}, "
+                f"num_workers {lp.num_workers}"
+                + ("" if s.get("training", True) else ", iterated without gradients") + ")")
+        info = [what]
+        facts = [f"time unit: {unit}",
+                 f"per batch over {lp.fetches} fetch{'' if lp.fetches == 1 else 'es'}"]
+        if lp.tensors is not None:
+            facts.append(f"a batch: {plural(lp.tensors, 'tensor')}, {fmt_bytes(lp.bytes)}")
+        if lp.first_fetches:
+            facts.append(f"an iterator's first fetch: {fmt_num(lp.first_fetch, 2, factor)} {unit} "
+                         f"({lp.first_fetches} left out)")
+        info.append("   ".join(facts))
+        rows = [[STAGE_TITLES.get(st.name, st.name), fmt_num(st.per_batch, 3, factor),
+                 fmt_percent(st.share * 100.0, 1),
+                 DASH if st.name in ("other", "around") else str(st.held)]
+                for st in lp.stages]
+        rows.append(["fetch", fmt_num(lp.fetch, 3, factor), fmt_percent(100.0, 1),
+                     str(lp.held)])
+        footer = []
+        if lp.cpu is not None and not lp.num_workers:
+            work = lp.per_batch("dataset") + lp.per_batch("collate")
+            if work > 0:
+                line = (f"CPU time of the dataset and collate: {fmt_num(lp.cpu, 3, factor)} "
+                        f"{unit} a batch ({min(100.0, lp.cpu / work * 100.0):.0f}%)")
+                if lp.runq is not None and lp.runq >= 0.05 * work:
+                    line += (f"; waiting for a CPU: {fmt_num(lp.runq, 3, factor)} {unit} "
+                             f"({min(100.0, lp.runq / work * 100.0):.0f}%)")
+                footer.append(line)
+        columns = [Column("Stage", "left"), Column("per batch"), Column("share (%)"),
+                   Column("fetches held up")]
+        out.append(TableBlock(f"pipeline-{lp.loader}", "Data Pipeline", info, columns, rows,
+                              footer=footer, strong={len(rows) - 1},
+                              breaks={len(rows) - 1}))
+        if lp.workers:
+            out.append(_workers_block(lp, unit, factor))
+    return out
+
+
+def _workers_block(lp: LoaderPipeline, unit: str, factor: float) -> TableBlock:
+    rows = []
+    for w in lp.workers:
+        rows.append([
+            str(w.pid) + (" (slow)" if w.slow else ""), str(w.batches),
+            fmt_num(w.busy, 3, factor), fmt_num(w.dataset, 3, factor),
+            fmt_num(w.collate, 3, factor), fmt_num(w.cpu, 3, factor),
+            fmt_percent(w.idle_share * 100.0 if w.idle_share is not None else None, 0),
+            fmt_num(w.startup, 1, 1e3), fmt_bytes(int(w.rss_max) if w.rss_max else None),
+        ])
+    columns = [Column("Worker pid", "left"), Column("batches"), Column("per batch"),
+               Column("dataset"), Column("collate"), Column("CPU"), Column("idle (%)"),
+               Column("start-up (ms)"), Column("peak RSS")]
+    footer = []
+    slow = lp.slow_worker
+    if slow is not None:
+        footer.append(f"Slow worker: pid {slow.pid}, {fmt_num(slow.busy, 3, factor)} {unit} "
+                      f"a batch against {fmt_num(lp.usual_busy, 3, factor)} {unit} for the "
+                      "others (their median)")
+    return TableBlock(f"pipeline-{lp.loader}-workers", "Data Pipeline workers",
+                      [f"DataLoader {lp.loader}: time unit {unit}, per batch each worker made"],
+                      columns, rows, footer=footer)

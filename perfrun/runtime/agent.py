@@ -22,7 +22,7 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from ..settings import Settings
-from ..store.layout import rank_filename, stack_path, steps_path
+from ..store.layout import rank_filename, rank_stem, stack_path, steps_path
 from ..store.rankfile import environment, rank_document, rank_identity, write_rank_file
 from ..store.stepfile import COL, STEP_COLUMNS, StepWriter
 from . import hooks
@@ -110,6 +110,7 @@ class Agent:
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
         self.flops: Any = None  # the FLOP counter (flops.py), default mode only
+        self.pipeline: Any = None  # the fetches' stages (pipeline.py), default mode only
         self._exec_note = ""
         self._stack_file: Any = None
 
@@ -159,6 +160,7 @@ class Agent:
             self._setup_window(torch)
             self._setup_gpu_and_nvtx(torch)
             self._setup_flops(torch)
+            self._setup_pipeline(torch)
             self.sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
             self._thread = threading.Thread(
                 target=self._flush_loop, name="perfrun-flush", daemon=True
@@ -266,6 +268,22 @@ class Agent:
         except Exception as exc:
             self.record_fault("flops", exc)
             return None
+
+    def _setup_pipeline(self, torch: Any) -> None:
+        """Time each DataLoader fetch stage by stage, in the default mode
+        only (timer-only promises the cheapest run)."""
+        if self.settings.timer_only:
+            return
+        try:
+            from .pipeline import Pipeline
+
+            pipeline = Pipeline(self.run_dir, rank_stem(self.rank, self.restart),
+                                self.record_fault)
+            self._undo.extend(pipeline.install(torch))
+            self.pipeline = pipeline
+        except Exception as exc:
+            self.pipeline = None
+            self.record_fault("pipeline", exc)
 
     def _nsys_here(self) -> bool:
         """Is this rank profiled by nsys (all ranks, or one of --nsys-ranks)?"""
@@ -440,16 +458,37 @@ class Agent:
         if note not in self.notes:
             self.notes.append(note)
 
-    def note_dataloader(self, loader: Any, grad: bool = True) -> None:
-        """Remember a DataLoader's settings (for the advice). `grad`: whether
-        its iterator was made with gradients on; a loader iterated only
-        under no_grad is an evaluation loader, not the one steps wait on."""
+    def note_dataloader(self, loader: Any, grad: bool = True) -> Any:
+        """Remember a DataLoader's settings (for the advice), as its iterator
+        is about to be made; returns the loader's stages to time the
+        iterator with (pipeline.py), None in timer-only. `grad`: whether its
+        iterator is made with gradients on; a loader iterated only under
+        no_grad is an evaluation loader, not the one steps wait on."""
         key = id(loader)
         known = self.loaders.get(key)
         if known is not None:
             known["training"] = known["training"] or grad
-            return
-        self.loaders[key] = {
+        else:
+            known = self.loaders[key] = self._loader_entry(loader, grad)
+        pipeline = self.pipeline
+        if pipeline is None:
+            return None
+        stages = pipeline.loader(loader, known)
+        pipeline.before_iter(stages)
+        return stages
+
+    def attach_iterator(self, stages: Any, it: Any) -> None:
+        """Time a loader's new iterator stage by stage (pipeline.py)."""
+        if self.pipeline is not None:
+            self.pipeline.attach(stages, it)
+
+    @staticmethod
+    def _loader_entry(loader: Any, grad: bool) -> dict[str, Any]:
+        # A loader given a batch_sampler (accelerate's, a bucketing one) has
+        # batch_size None: its samples a batch are the batch sampler's.
+        samples = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        return {
+            "batch_sampler_size": samples if type(samples) is int else None,
             "training": grad,
             "num_workers": getattr(loader, "num_workers", None),
             "pin_memory": getattr(loader, "pin_memory", None),
@@ -457,6 +496,9 @@ class Agent:
             "prefetch_factor": getattr(loader, "prefetch_factor", None),
             "batch_size": getattr(loader, "batch_size", None),
             "dataset": type(getattr(loader, "dataset", None)).__name__,
+            "sampler": type(getattr(loader, "sampler", None)).__name__,
+            "batch_sampler": type(getattr(loader, "batch_sampler", None)).__name__,
+            "collate_fn": getattr(getattr(loader, "collate_fn", None), "__name__", None),
         }
 
     # -- saving -------------------------------------------------------------------
@@ -599,6 +641,11 @@ class Agent:
         with self._write_lock:
             began = perf_counter()
             self._append_ready(final)
+            if self.pipeline is not None:
+                try:
+                    self.pipeline.flush(final)
+                except Exception as exc:
+                    self.record_fault("pipeline", exc)
             if final and self.step_writer is not None:
                 self.step_writer.sync()
             write_rank_file(self.path, self.document(), durable=final)

@@ -428,6 +428,14 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
     # -- DataLoader ----------------------------------------------------------------
     count_samples = agent.count_samples
     note_loader = agent.note_dataloader
+    # What times an iterator stage by stage (pipeline.py); an agent may have
+    # none (timer-only hands back no stages anyway).
+    attach_iterator = getattr(agent, "attach_iterator", None)
+    # An iterator timed stage by stage is told the fetch's edges as the
+    # step clock reads them (pipeline.py, `_perfrun_done`): not in
+    # timer-only, which times no stages.
+    staged = attach_iterator is not None and not getattr(
+        getattr(agent, "settings", None), "timer_only", True)
 
     def make_next(orig_next: Callable) -> Callable:
         def __next__(self: Any) -> Any:
@@ -435,7 +443,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 return orig_next(self)
             state.block += 1
             try:
-                t = now()
+                t = t_enter = now()
                 clock.record((ENTER, DATA, is_grad_enabled(), None, t))
                 if t > clock.last:
                     clock.drain()
@@ -476,6 +484,10 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     fault("dataloader.samples", exc)
             try:
                 clock.record((FETCHED, n, t))
+                if staged:
+                    done = self.__dict__.get("_perfrun_done")
+                    if done is not None:
+                        done(t_enter, t)
             except Exception as exc:
                 fault("dataloader", exc)
             return batch
@@ -490,8 +502,9 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         def __iter__(self: Any) -> Any:
             if compiling() or state.block >= OFF or get_ident() != main:
                 return orig_iter(self)
+            stages = None
             try:
-                note_loader(self, is_grad_enabled())
+                stages = note_loader(self, is_grad_enabled())
                 if self not in iterated:
                     # A loader's first pass (an evaluation loader, a new
                     # dataset) may call a model not seen so far.
@@ -501,12 +514,18 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 fault("dataloader.__iter__", exc)
             t0 = now()
             try:
-                return orig_iter(self)
+                it = orig_iter(self)
             finally:
                 try:
                     clock.record((ITER, t0, now()))
                 except Exception as exc:
                     fault("dataloader.__iter__", exc)
+            if stages is not None and attach_iterator is not None:
+                try:
+                    attach_iterator(stages, it)
+                except Exception as exc:
+                    fault("pipeline", exc)
+            return it
 
         return __iter__
 
@@ -818,9 +837,10 @@ def _batch_size(batch: Any, depth: int = 0) -> int:
     return 0
 
 
-#: Files whose frames a hooked call adds: the wrappers, and the FLOP
-#: counter's `run` on the one step it counts.
-_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "flops.py"))
+#: Files whose frames a hooked call adds: the wrappers, the FLOP counter's
+#: `run` on the one step it counts, and the fetch's stages.
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "flops.py"),
+              os.path.join(os.path.dirname(__file__), "pipeline.py"))
 
 
 def without_wrapper_frames(tb: Any) -> Any:

@@ -18,6 +18,9 @@ folder holds:
     stack.rank<R>.txt              its Python stacks, dumped on a hang
     trace/rank<R>.pt.trace.json[.gz]   its detailed window's trace
     nsys/rank<R>.nsys-rep          its Nsight Systems report (--nsys)
+    pipeline/rank<R>.loader<L>.fetches      its DataLoaders' fetches, and
+    pipeline/rank<R>.loader<L>.pid<P>.batches  each worker's batches
+                                   (pipelinefile.py)
     nodes/node<K>.json             each node's launcher record (multi-node)
     torchrun-status.json           how torchrun's failed workers ended
     hang.txt                       the hang report (--hang-timeout)
@@ -41,6 +44,8 @@ NODES_DIR = "nodes"
 TRACE_DIR = "trace"
 #: Nsight Systems reports.
 NSYS_DIR = "nsys"
+#: The input pipelines' tables (pipelinefile.py).
+PIPELINE_DIR = "pipeline"
 #: The hang report (launcher/hang.py).
 HANG_FILE = "hang.txt"
 #: The page written into every run folder at the end of a run.
@@ -63,7 +68,7 @@ RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
 #: `rank3.restart1.` (its rank file, step file, trace, nsys report).
 RANK_STEM = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.")
 #: Sub-folders whose files belong to ranks by the same stem.
-RANK_SUBFOLDERS = (TRACE_DIR, NSYS_DIR)
+RANK_SUBFOLDERS = (TRACE_DIR, NSYS_DIR, PIPELINE_DIR)
 #: The names perfrun gives run folders: `YYYYMMDD-HHMMSS-PID`, and a
 #: multi-node job's `job-NAME[.K]`. Only these are --keep's to remove.
 MANAGED = re.compile(r"^(\d{8}-\d{6}-\d+|job-.+)$")
@@ -121,6 +126,29 @@ def nsys_output(run_dir: str, distributed: bool) -> str:
 def nsys_report(rank: int | str) -> str:
     """A rank's Nsight Systems report, relative to the run folder."""
     return f"{NSYS_DIR}/rank{rank}.nsys-rep"
+
+
+def fetches_path(run_dir: str, stem: str, loader: int) -> str:
+    """A rank's fetches of its DataLoader number `loader` (in the order the
+    rank first iterated its loaders)."""
+    return os.path.join(run_dir, PIPELINE_DIR, f"{stem}.loader{loader}.fetches")
+
+
+def batches_path(run_dir: str, stem: str, loader: int, pid: int) -> str:
+    """The batches one worker process (`pid`) made for a rank's loader."""
+    return os.path.join(run_dir, PIPELINE_DIR, f"{stem}.loader{loader}.pid{pid}.batches")
+
+
+_BATCHES = re.compile(r"^(.+)\.loader(\d+)\.pid(\d+)\.batches$")
+
+
+def batches_pid(name: str, stem: str, loader: int) -> int | None:
+    """The worker pid of a batch table's file name, when it is `stem`'s
+    loader `loader`'s; else None."""
+    m = _BATCHES.match(name)
+    if m is None or m.group(1) != stem or int(m.group(2)) != loader:
+        return None
+    return int(m.group(3))
 
 
 def node_filename(key: str) -> str:

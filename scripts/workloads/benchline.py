@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from typing import Any, Optional
 
 
 def parse(argv: list[str], doc: str, steps: int, warmup: int) -> tuple[int, int]:
@@ -18,9 +19,11 @@ def parse(argv: list[str], doc: str, steps: int, warmup: int) -> tuple[int, int]
     return args.steps, max(1, args.warmup)
 
 
-def report(name: str, marks: list[float], warmup: int, torch_version: str) -> None:
+def report(name: str, marks: list[float], warmup: int, torch_version: str,
+           extra: Optional[dict[str, Any]] = None) -> None:
     """A step lasts from the end of the previous step to the end of its own,
-    so anything between steps (the loop itself, a fetch) is counted."""
+    so anything between steps (the loop itself, a fetch) is counted.
+    `extra`: a workload's own figures, added to the line."""
     durations = [b - a for a, b in zip(marks[warmup - 1 : -1], marks[warmup:])]
     result = {
         "workload": name,
@@ -31,5 +34,6 @@ def report(name: str, marks: list[float], warmup: int, torch_version: str) -> No
         "torch": torch_version,
         # Every timed step, so a reader can leave some out (a profiler window).
         "step_s": [round(d, 9) for d in durations],
+        **(extra or {}),
     }
     print("BENCH " + json.dumps(result), flush=True)

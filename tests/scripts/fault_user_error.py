@@ -1,12 +1,14 @@
 """The script's own failure, raised from inside a call perfrun wraps.
 
-    fault_user_error.py --where dataloader|forward|backward|optimizer
-                        [--exit STATUS] [--at K]
+    fault_user_error.py --where dataloader|collate|forward|backward|optimizer
+                        [--exit STATUS] [--at K] [--workers N]
 
-At step K (default 2) the Dataset's `__getitem__`, the model's forward, a
-custom autograd Function's backward or the optimizer's `step` raises
-ValueError (or, with --exit, calls `sys.exit(STATUS)`). Everything before
-prints one line per step.
+At step K (default 2) the Dataset's `__getitem__`, the DataLoader's
+collate_fn, the model's forward, a custom autograd Function's backward or
+the optimizer's `step` raises ValueError (or, with --exit, calls
+`sys.exit(STATUS)`). Everything before prints one line per step. With
+--workers the Dataset and the collate_fn run in worker processes, and
+torch re-raises their exception in the loop with the worker's traceback.
 """
 
 import argparse
@@ -15,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_convert
 
 ARGS = argparse.Namespace()
 STEP = [0]
@@ -39,6 +41,11 @@ class Batches(Dataset):
         fail("dataloader")
         x = torch.full((4, 8), float(index))
         return x, x.sum(dim=1, keepdim=True)
+
+
+def collate(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    fail("collate")
+    return default_convert(batch)
 
 
 class FailingBackward(torch.autograd.Function):
@@ -73,13 +80,15 @@ def main() -> None:
     parser.add_argument("--where", required=True)
     parser.add_argument("--exit", type=int, default=None)
     parser.add_argument("--at", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=0)
     parser.parse_args(namespace=ARGS)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = Model()
     optimizer = FailingSGD(model.parameters(), lr=0.001)
-    loader = DataLoader(Batches(), batch_size=None)
+    loader = DataLoader(Batches(), batch_size=None, collate_fn=collate,
+                        num_workers=ARGS.workers)
     for step, (xb, yb) in enumerate(loader):
         STEP[0] = step
         optimizer.zero_grad()
