@@ -399,6 +399,14 @@ def test_slow_rank_names_the_rank_the_phase_and_how_much() -> None:
         in by_quantity["step"].message
 
 
+def test_slow_rank_actions_name_the_device_the_ranks_ran_on() -> None:
+    from perfrun.analysis.advice import _slow_action
+
+    assert "host CPU" in _slow_action("backward", False)
+    assert "GPU" not in _slow_action("backward", False).split(";")[0]
+    assert _slow_action("forward", True).startswith("check that rank's GPU (clocks")
+
+
 def test_slow_rank_below_ten_percent_is_quiet() -> None:
     # Dataloader 9% above the median, and the step even less.
     assert slow_ranks(AdviceInputs(ranks=_ranks([100.0, 100.0, 109.0]))) == []
@@ -445,6 +453,27 @@ def test_unstable_timing_from_one_spike() -> None:
     assert advice.evidence["max_over_median"] == pytest.approx(3.5)
     assert "slowest step 34.2 ms, 3.5x the median 9.77 ms (above 3x)" in advice.message
     assert "above 0.25" not in advice.message
+
+
+def test_unstable_timing_names_only_causes_its_measurements_point_to() -> None:
+    # A CPU run: kernels are not re-tuned per shape, so shapes are not said;
+    # other processes measured on the host are said with their figure.
+    steps = _steps([16.0, 32.0] * 5)
+    [advice] = unstable_timing(steps)
+    assert not any("input shapes" in a for a in advice.actions)
+    loaded = _inputs(make_rows([{"forward": t * MS} for t in [16.0, 32.0] * 5]),
+                     other_cores=1.4, uses_gpu=True)
+    [advice] = unstable_timing(loaded)
+    assert any("input shapes" in a for a in advice.actions)
+    assert any("they took 1.40 cores on average" in a for a in advice.actions)
+
+
+def test_cpu_bound_points_to_a_window_not_to_calls_it_did_not_see() -> None:
+    # Others 60% of a CPU-only step, no window: what runs there is unmeasured.
+    rows = make_rows([{"forward": 2 * MS, "backward": 2 * MS, "others": 6 * MS}] * 10)
+    [advice] = cpu_bound(_inputs(rows))
+    assert not any(".item()" in a for a in advice.actions)
+    assert advice.actions[0].startswith("see what runs between the phases in a detailed window")
 
 
 def test_stable_or_short_runs_are_not_unstable() -> None:

@@ -13,9 +13,10 @@ from oracle import others_time, step_time
 from perfrun.analysis.device import device_summary
 from perfrun.analysis.ranks import multi_rank_summary, rank_problem
 from perfrun.analysis.report import build_report
-from perfrun.analysis.selection import steady_rows
+from perfrun.analysis.selection import rank_counted, steady_rows
 from perfrun.analysis.stats import Rate, Stats, default_warmup
 from perfrun.analysis.summary import model_summary, perf_summary
+from perfrun.analysis.window import window_report
 
 # -- Stats -----------------------------------------------------------------------
 
@@ -370,6 +371,67 @@ def test_window_steps_left_out_unless_timer_only() -> None:
         make_run([make_rank(rows, window=[5, 10], settings={"timer_only": True})]), warmup=2
     )
     assert not timer_only.title.window_excluded and timer_only.title.steps_counted == 18
+
+
+def test_the_window_line_says_why_each_step_is_left_out() -> None:
+    rows = _training_rows(20)
+    # torch.profiler's warm-up step (4) before the window [5, 10).
+    rank = make_rank(rows, window=[5, 10])
+    rank.data["profiled"] = [4, 10]
+    report = build_report(make_run([rank]), warmup=2)
+    assert report.title.window_steps == 6 and report.title.window_parts == (1, 5, 0)
+    [line] = [t for label, t in report.title.entries() if label == "Window"]
+    assert line == ("steps [5, 10) profiled in detail; 6 steps left out of the statistics: "
+                    "the window's 5 and the profiler's warm-up step before it")
+
+
+def test_several_ranks_leave_out_the_steps_after_the_window_on_every_rank() -> None:
+    # The export ends at different times on each rank: the first collective
+    # after it holds a wait on the rank that finished first.
+    ranks = []
+    for r in range(2):
+        rows = _rank_rows(20, n=20)
+        rank = make_rank(rows, rank=r, world_size=2, window=[5, 10])
+        rank.data["profiled"] = [4, 10]
+        ranks.append(rank)
+    report = build_report(make_run(ranks), warmup=2)
+    assert report.title.window_parts == (1, 5, 2)
+    assert report.title.steps_counted == 20 - 2 - 8
+    [line] = [t for label, t in report.title.entries() if label == "Window"]
+    assert line.endswith("the window's 5, the profiler's warm-up step before it and 2 steps "
+                         "after it, where the ranks wait for each other's trace export")
+    for rank in ranks:
+        index = rank_counted(rank, 2).index()
+        assert 10 not in index and 11 not in index and 12 in index
+
+
+def test_the_profilers_overhead_is_quoted_only_from_enough_steps_beyond_their_spread() -> None:
+    # 40 steps of 10 ms +- 1 ms, the window's 5 at 13 ms: +30%, beyond a
+    # spread of about 5%.
+    ms = [10 + (i % 3 - 1) for i in range(40)]
+    ms[20:25] = [13] * 5
+    rows = make_rows([{"forward": m * MS, "calls": (0, 1, 0, 0)} for m in ms])
+    rank = make_rank(rows, window=[20, 25])
+    w = window_report([rank], rank, (20, 25), 2)
+    assert w is not None and w.window_count == 5 and w.outside_count == 33
+    assert w.overhead == pytest.approx(0.3) and w.overhead_measurable
+    # Faster inside than outside: the steps differ in kind, no overhead.
+    ms[20:25] = [2] * 5
+    rows = make_rows([{"forward": m * MS, "calls": (0, 1, 0, 0)} for m in ms])
+    rank = make_rank(rows, window=[20, 25])
+    w = window_report([rank], rank, (20, 25), 2)
+    assert w is not None and w.overhead is not None and not w.overhead_measurable
+    # Two steps inside against five outside: no figure at all.
+    rank = make_rank(make_rows([{"forward": 10 * MS}] * 9), window=[5, 7])
+    w = window_report([rank], rank, (5, 7), 0)
+    assert w is not None and w.overhead is None
+
+
+def test_a_window_that_never_opened_is_not_said_to_be_profiled() -> None:
+    report = build_report(make_run([make_rank(_training_rows(8), window=[20, 30])]), warmup=2)
+    [line] = [t for label, t in report.title.entries() if label == "Window"]
+    assert line == ("steps [20, 30) were to be profiled in detail, but the run ended after "
+                    "8 steps, before the window opened")
 
 
 def test_warmup_that_leaves_nothing_is_said() -> None:

@@ -171,7 +171,7 @@ def test_workers_are_each_recorded_and_a_slow_one_is_named(run_perfrun: RunPerfr
                       "--slow-worker", "1", json_report=False)
     report = finished(run)
     # Workers print side by side: a line may hold another's output too.
-    pids = {int(wid): int(pid) for wid, pid in re.findall(r"WORKER (\d+) (\d+)\b", run.out)}
+    pids = {int(wid): int(pid) for wid, pid in re.findall(r"WORKER (\d+) (\d+)", run.out)}
     assert sorted(pids) == [0, 1, 2], run.out
     lp = main_loader(report)
     by_pid = {w["pid"]: w for w in lp["workers"]}

@@ -242,6 +242,10 @@ def test_the_counted_step_avoids_the_profiled_steps() -> None:
     assert runtime_counted_step((5, 10)) == 1
     assert runtime_counted_step((0, 3)) == 3
     assert runtime_counted_step((1, 2)) == 2
+    # The profiler's warm-up step (profiled, its events discarded, left out
+    # already) is counted on rather than one more step after the window.
+    assert runtime_counted_step((1, 4), 2) == 1
+    assert runtime_counted_step((0, 4), 1) == 4
 
 
 # -- peaks ------------------------------------------------------------------------------

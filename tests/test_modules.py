@@ -150,9 +150,9 @@ def test_two_roots_get_their_class_as_prefix() -> None:
     assert names == expected
     assert targets[id(gen.net[2])] == (gen.net[2], "Generator.net.2")
     assert targets[id(disc)] == (disc, "Discriminator")
-    assert tree["Generator"] == (0, "", "Generator")
-    assert tree["Generator.net"] == (1, "Generator", "Sequential")
-    assert tree["Discriminator.net.1"] == (2, "Discriminator.net", type(disc.net[1]).__name__)
+    assert tree["Generator"][:3] == (0, "", "Generator")
+    assert tree["Generator.net"][:3] == (1, "Generator", "Sequential")
+    assert tree["Discriminator.net.1"][:3] == (2, "Discriminator.net", type(disc.net[1]).__name__)
 
 
 def test_two_roots_of_one_class_are_numbered() -> None:
@@ -179,8 +179,8 @@ def test_tree_gives_depth_and_parent() -> None:
     qualified_names([model], None, tree)
     assert tree["GPT"][:2] == (0, "")
     assert tree["transformer"][:2] == (1, "GPT")
-    assert tree["lm_head"] == (1, "GPT", "Linear")
-    assert tree["transformer.h"] == (2, "transformer", "ModuleList")
+    assert tree["lm_head"] == (1, "GPT", "Linear", "20x8,20")
+    assert tree["transformer.h"][:3] == (2, "transformer", "ModuleList")
     assert tree["transformer.h.1"][:2] == (3, "transformer.h")
 
 
@@ -467,6 +467,18 @@ def test_group_blocks_flags_the_slow_sibling() -> None:
         }
     ]
     assert outstanding(groups) == groups
+
+
+def test_only_siblings_of_one_class_and_shape_are_compared() -> None:
+    # nn.Sequential(Linear(64, 256), ReLU(), Linear(256, 256), ReLU(), Linear(256, 10)):
+    # the three Linears are no siblings of each other's work.
+    shapes = {0: "256x64,256", 2: "256x256,256", 4: "10x256,10"}
+    rows = [{"name": f"net.{i}", "total": t, "type": "Linear", "shapes": shapes[i]}
+            for i, t in ((0, 1.0), (2, 3.0), (4, 0.2))]
+    rows += [{"name": f"net.{i}", "total": 0.1, "type": "ReLU", "shapes": ""} for i in (1, 3)]
+    groups = group_blocks(rows)
+    assert [(g["pattern"], g["type"], g["members"]) for g in groups] == [("net.*", "ReLU", 2)]
+    assert outstanding(groups) == []
 
 
 def test_even_blocks_do_not_stand_out() -> None:

@@ -1168,3 +1168,62 @@ def test_step_indexes_do_not_depend_on_the_writer_taking_rows() -> None:
     assert begun == list(range(6))
     assert ended == list(range(5))
     assert tracker.committed == 5 == tracker.base + tracker.held
+
+
+# -- many optimizer steps on one batch ------------------------------------------------
+
+
+def train_layer(s: Script, optimizer: str, steps: int) -> None:
+    """Forward-forward training: a layer's own loop over the one batch,
+    its forward called as `self.forward(x)` (untimed: 3), then zero_grad 1,
+    backward 4, step 2."""
+    for _ in range(steps):
+        s.run(3)
+        s.zero_grad(1, optimizer)
+        s.backward(4)
+        s.step(2, optimizer)
+
+
+@pytest.mark.parametrize("step_on", ["auto", "optimizer"])
+def test_many_optimizer_steps_on_one_fetched_batch_are_each_a_step(step_on: str) -> None:
+    s = Script(step_on=step_on)
+    s.fetch(5, samples=2000)
+    train_layer(s, "layer0", 6)
+    train_layer(s, "layer1", 4)
+    s.fetch(1, samples=400)  # the test set, fetched once
+    s.forward(2, grad=False)
+    rows = s.finish()
+    # One step per optimizer step: the first holds the fetch; each trained
+    # on the whole batch, so each counts its samples.
+    assert len(rows) == 10
+    assert_contiguous(rows)
+    assert rows[0] == row(0, 5 + 10 + 3, dataloader=5, backward=4, optimization=3,
+                          calls=(1, 0, 1, 2), samples=2000)
+    for r in rows[1:-1]:
+        assert r[COL["end"]] - r[COL["start"]] == 10
+        assert r[2:12] == [0, 0, 4, 3, 0, 0, 0, 1, 2, 2000]
+    # The last step ends at its optimizer step.
+    assert rows[-1][2:12] == [0, 0, 4, 3, 0, 0, 0, 1, 2, 2000]
+    assert rows[-1][COL["end"]] == 5 + 10 * 10
+
+
+def test_a_gan_on_one_batch_is_split_only_where_an_optimizer_repeats() -> None:
+    # Both halves of a GAN step, twice per fetch: the second round begins
+    # with the discriminator's zero_grad again.
+    s = Script()
+    for _ in range(3):
+        s.fetch(1, samples=64)
+        for _ in range(2):
+            s.zero_grad(1, "opt_d")
+            s.forward(2, "D")
+            s.backward(4)
+            s.step(2, "opt_d")
+            s.zero_grad(1, "opt_g")
+            s.forward(2, "D")
+            s.backward(4)
+            s.step(2, "opt_g")
+    rows = s.finish()
+    assert len(rows) == 6
+    assert_contiguous(rows)
+    assert [r[COL["optimization_calls"]] for r in rows] == [4] * 6
+    assert [r[COL["samples"]] for r in rows] == [64] * 6

@@ -123,6 +123,10 @@ def test_healthy_ranks_invent_no_culprit() -> None:
         v = verdict(simulate(4, noise=0.3 * MS, seed=seed))
         assert v.culprit is None, v
         assert v.reason
+    # Ranks in lock-step (DDP's all-reduce every step), none late: said so,
+    # not "they do not wait for each other".
+    v = verdict(simulate(2))
+    assert v.culprit is None and "keep pace with each other" in v.reason, v.reason
 
 
 def test_noise_moves_the_latest_arrival() -> None:
@@ -156,6 +160,7 @@ def test_ranks_that_never_wait_have_no_wait_phase() -> None:
         ranks.append(rank)
     v = verdict(ranks)
     assert v.wait_phase is None and v.culprit is None
+    assert "differ by more than 10%" in v.reason and "no collective paces them" in v.reason
     # The advice falls back to the slowest rank per phase.
     advice = slow_ranks(AdviceInputs(ranks=multi_rank_summary(ranks, 2)))
     assert advice and advice[0].evidence["rank"] == 1

@@ -419,10 +419,12 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
         f"above {OTHERS_SHARE_LIMIT:g}%): time in none of the four phases, spent "
         "by the loop's own Python between the calls."
     )
+    # What runs there is not measured outside a window: the advice names
+    # where to look, not a cause it has not seen.
     actions = (
-        "log and compute metrics every N steps instead of every step",
-        "avoid per-step .item(), .tolist() and printing of tensors",
-        "see what runs between the phases in a detailed window (--scheduler START END)",
+        "see what runs between the phases in a detailed window (--scheduler START END): "
+        "its Operator and UserDefined tables list the work in Others",
+        "then move per-step logging and metrics it shows off the step (every N steps)",
     )
     return [Advice("cpu-bound", message, evidence, actions)]
 
@@ -516,16 +518,23 @@ _QUANTITY_TITLES = {"step": "the step", "others": "Others", **PHASE_TITLES}
 
 _SLOW_ACTIONS = {
     "dataloader": "check that rank's data shard and its host's disk and CPU",
-    "forward": "check that rank's GPU (clocks, temperature, other processes) and whether "
-    "its batches are larger",
-    "backward": "check that rank's GPU; in data-parallel training the ranks that wait for "
-    "a slow one show the wait in Backward (the gradient all-reduce)",
-    "optimization": "check that rank's GPU and whether it holds more parameters or "
+    "forward": "check that rank's {device} and whether its batches are larger",
+    "backward": "check that rank's {device}; in data-parallel training the ranks that wait "
+    "for a slow one show the wait in Backward (the gradient all-reduce)",
+    "optimization": "check that rank's {device} and whether it holds more parameters or "
     "optimizer state than the others",
     "others": "look for work only that rank does (logging, checkpointing, evaluation)",
     "step": "every step waits for the slowest rank: compare its phases with the others' "
     "in the Ranks table",
 }
+
+#: What runs a rank's phases, as the actions name it.
+_DEVICE = {True: "GPU (clocks, temperature, other processes)",
+           False: "host CPU (other processes on its cores, its CPU threads)"}
+
+
+def _slow_action(quantity: str, uses_gpu: bool) -> str:
+    return _SLOW_ACTIONS.get(quantity, _SLOW_ACTIONS["step"]).format(device=_DEVICE[uses_gpu])
 
 
 def _rank_values(ranks: MultiRankSummary, quantity: str) -> list[tuple[int, float]]:
@@ -556,7 +565,7 @@ def slow_ranks(inp: AdviceInputs) -> list[Advice]:
     if verdict is not None and verdict.wait_phase is not None:
         # The ranks wait for each other: the slowest rank in a phase may be
         # a victim, so the culprit decision (straggler.py) speaks instead.
-        return culprit_advice(verdict)
+        return culprit_advice(verdict, inp.uses_gpu)
     step_median = as_finite(ranks.across["step"].median) if "step" in ranks.across else None
     if not step_median:
         return []
@@ -594,12 +603,13 @@ def slow_ranks(inp: AdviceInputs) -> list[Advice]:
         else:
             than = f"{_percent(percent)} more than the median rank ({duration(median)})"
         message = f"rank {rank} {what}, {than}, over {len(values)} ranks."
-        found.append((excess, Advice("slow-rank", message, evidence, (_SLOW_ACTIONS[quantity],))))
+        found.append((excess, Advice("slow-rank", message, evidence,
+                                     (_slow_action(quantity, inp.uses_gpu),))))
     found.sort(key=lambda item: -item[0])
     return [advice for _, advice in found]
 
 
-def culprit_advice(verdict: Any) -> list[Advice]:
+def culprit_advice(verdict: Any, uses_gpu: bool = False) -> list[Advice]:
     """The rank the others wait for, the phase where it loses the time, and
     the ranks that wait; nothing when no rank stands out."""
     if verdict.culprit is None or verdict.culprit_phase is None:
@@ -630,8 +640,7 @@ def culprit_advice(verdict: Any) -> list[Advice]:
         "consistency": verdict.consistency,
         "median_step": verdict.step_median,
     }
-    action = _SLOW_ACTIONS.get(phase, _SLOW_ACTIONS["step"])
-    return [Advice("slow-rank", message, evidence, (action,))]
+    return [Advice("slow-rank", message, evidence, (_slow_action(phase, uses_gpu),))]
 
 
 # -- unstable timing -------------------------------------------------------------------------
@@ -672,13 +681,21 @@ def unstable_timing(inp: AdviceInputs) -> list[Advice]:
         f"step times vary over the {stats.n} counted steps: {cv_part}; {spike_part}. "
         "Averages and comparisons of such a run are unreliable."
     )
-    actions = (
-        "look for periodic work (evaluation, checkpointing, logging, garbage collection)",
-        "keep input shapes fixed (padding or bucketing) so kernels are not re-tuned",
-        "check for other load on the machine (CPU(System) in the Device Summary)",
-        "a larger --warmup if the first counted steps are still warming up",
-    )
-    return [Advice("unstable-timing", message, evidence, actions)]
+    actions = ["look for periodic work (evaluation, checkpointing, logging, garbage collection)"]
+    if inp.uses_gpu:
+        # Kernels are chosen per shape on a GPU (cuDNN's benchmark mode,
+        # compiled graphs); on the CPU a new shape costs no re-tuning.
+        actions.append("keep input shapes fixed (padding or bucketing) so kernels are not "
+                       "re-tuned")
+    if inp.other_cores is not None and inp.other_cores >= 0.5:
+        evidence["other_cores"] = inp.other_cores
+        actions.append(f"run where other processes do not share the cores: they took "
+                       f"{inp.other_cores:.2f} cores on average during the run")
+    else:
+        actions.append("check for other load on the machine (CPU(System) in the Device "
+                       "Summary)")
+    actions.append("a larger --warmup if the first counted steps are still warming up")
+    return [Advice("unstable-timing", message, evidence, tuple(actions))]
 
 
 #: The rules, in the order their advice is given.

@@ -47,6 +47,7 @@ def summarize_modules(
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     ranges: list[tuple[float, float, str, Any]] = []
     recomputed: dict[str, float] = {}
+    recompute_ranges: list[tuple[float, float, str, Any]] = []
     order: dict[str, int] = {}
     for e in spans:
         name = e.get("name", "")
@@ -59,6 +60,7 @@ def summarize_modules(
         elif name.startswith(RECOMPUTE_PREFIX):
             qual = name[len(RECOMPUTE_PREFIX) :]
             recomputed[qual] = recomputed.get(qual, 0.0) + e["dur"] / 1e6
+            recompute_ranges.append((e["ts"], e["ts"] + e["dur"], qual, e.get("tid")))
     if not ranges:
         opaque = [q for q, v in (tree or {}).items()
                   if len(v) > 2 and str(v[2]).endswith("(compiled in place)")]
@@ -69,6 +71,7 @@ def summarize_modules(
             "depth": _depth(q, tree),
             "parent": _parent(q, tree),
             "type": _kind(q, tree),
+            "shapes": _shapes(q, tree),
             "calls": 0,
             "forward": 0.0,
             "backward": 0.0,
@@ -145,6 +148,16 @@ def summarize_modules(
             backward_spans.setdefault(e.get("tid"), []).append(
                 (e["ts"], e["ts"] + e["dur"], owners)
             )
+    # A recompute is backward time of the module recomputed: inside one of
+    # its own backward ops (non-reentrant checkpointing unpacks its saved
+    # tensors there) it is counted already; inside another's (reentrant
+    # checkpointing recomputes in the backward of the checkpoint call, the
+    # caller's) it is added, so no module's recompute exceeds its Backward.
+    for s, t, q, tid in recompute_ranges:
+        if q in stats and not any(
+                bs <= s and t <= bt and q in owners for bs, bt, owners in
+                backward_spans.get(tid, ())):
+            stats[q]["backward"] += (t - s) / 1e6
     if kernels_by_ext and backward_spans:
         # A kernel is linked to the innermost op that launched it (`aten::mm`
         # inside `AddmmBackward0`), not to the evaluate_function around it:
@@ -173,11 +186,33 @@ def summarize_modules(
                     for q in set(owners):
                         stats[q][key] = (stats[q][key] or 0.0) + gpu
     rows = sorted(stats.values(), key=lambda r: order[r["name"]])
+    _roll_up_recompute(rows)
     for r in rows:
         total = r["forward"] + r["backward"]
         r["total"] = total
         r["share"] = total / step_time if step_time > 0 else None
     return {"recorded": True, "modules": rows, "groups": group_blocks(rows)}
+
+
+def _roll_up_recompute(rows: list[dict[str, Any]]) -> None:
+    """A module not recomputed itself whose children were (a model whose
+    blocks are checkpointed) shows its children's recompute: part of its
+    own Backward. One recomputed itself shows its own, which holds its
+    children's already."""
+    children: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        children.setdefault(r["parent"] or "", []).append(r)
+
+    def rolled(r: dict[str, Any], depth: int = 0) -> float:
+        if r["recompute"] > 0.0 or depth > 64:
+            return float(r["recompute"])
+        total = sum(rolled(c, depth + 1) for c in children.get(r["name"], ()) if c is not r)
+        r["recompute"] = total
+        return total
+
+    for r in rows:
+        if not r["parent"]:
+            rolled(r)
 
 
 def _depth(name: str, tree: Optional[dict[str, Any]]) -> int:
@@ -192,6 +227,13 @@ def _kind(name: str, tree: Optional[dict[str, Any]]) -> Optional[str]:
     return None
 
 
+def _shapes(name: str, tree: Optional[dict[str, Any]]) -> Optional[str]:
+    """Its parameters' shapes (files from before they were recorded: None)."""
+    if tree and name in tree and len(tree[name]) > 3:
+        return str(tree[name][3])
+    return None
+
+
 def _parent(name: str, tree: Optional[dict[str, Any]]) -> str:
     if tree and name in tree:
         return str(tree[name][1])
@@ -199,16 +241,18 @@ def _parent(name: str, tree: Optional[dict[str, Any]]) -> str:
 
 
 def group_blocks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Repeated blocks (`h.0` … `h.11`) aggregated by position and class, so
-    one slow block stands out against its siblings of the same kind (rows
-    from files without a class are grouped by position alone)."""
-    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    """Repeated blocks (`h.0` … `h.11`) aggregated by position, class and
+    parameters' shapes, so one slow block stands out against its siblings
+    of the same kind doing the same work: a Linear 64->256 is no sibling
+    of a Linear 256->10 (rows from files without a class, or without
+    shapes, are grouped by what they have)."""
+    groups: dict[tuple[str, Any, Any], list[dict[str, Any]]] = {}
     for r in rows:
         p = pattern(r["name"])
         if p != r["name"]:
-            groups.setdefault((p, r.get("type")), []).append(r)
+            groups.setdefault((p, r.get("type"), r.get("shapes")), []).append(r)
     out = []
-    for (p, kind), members in groups.items():
+    for (p, kind, _), members in groups.items():
         if len(members) < 2:
             continue
         totals = [m["total"] for m in members]

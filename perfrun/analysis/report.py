@@ -24,20 +24,22 @@ from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
 from perfrun.analysis.ranks import MultiRankSummary, multi_rank_summary, rank_problem, steps_phrase
-from perfrun.analysis.selection import counted, profiled_steps, rank_window
+from perfrun.analysis.selection import counted, disturbed_steps, profiled_steps, rank_window
 from perfrun.analysis.series import PageSeries, page_series
 from perfrun.analysis.stats import default_warmup
 from perfrun.analysis.summary import (
-    FORWARD_UNSEEN,
     ModelSummary,
     PerfSummary,
     forward_unseen,
+    forward_unseen_note,
     model_summary,
     perf_summary,
 )
 from perfrun.analysis.window import WindowReport, window_report
 from perfrun.settings import SUMMARY_KEYS
 from perfrun.store.baseline import fingerprint
+from perfrun.store.childfile import read_children
+from perfrun.store.layout import rank_stem
 from perfrun.store.rankfile import RankResult
 from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
 from perfrun.store.schema import as_finite, as_int, finite_or_zero
@@ -57,6 +59,11 @@ class ExtraRow:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "calls": self.calls, "time": self.time,
                 "detail": self.detail, "unit": self.unit}
+
+
+def _and(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,9 @@ class Title:
     window_steps: int
     # The steps torch.profiler ran over: the window and its warm-up step.
     profiled: Optional[tuple[int, int]] = None
+    # The counted steps left out for the window: the profiler's warm-up
+    # step before it, its own, the settling steps after it (selection.py).
+    window_parts: tuple[int, int, int] = (0, 0, 0)
 
     def entries(self) -> list[tuple[str, str]]:
         """The title as (label, sentence) pairs, shared by every renderer
@@ -114,15 +124,34 @@ class Title:
                 f"warm-up left out: {warm} ({how})",
             ))
         if self.window is not None:
-            start, end = self.window
-            if not self.window_excluded:
-                tail = "kept in the statistics"
-            elif self.window_steps:
-                tail = f"{steps_phrase(self.window_steps)} in it left out of the statistics"
-            else:
-                tail = "no counted step fell in it"
-            out.append(("Window", f"steps [{start}, {end}) profiled in detail; {tail}"))
+            out.append(("Window", self._window_sentence()))
         return out
+
+    def _window_sentence(self) -> str:
+        assert self.window is not None
+        start, end = self.window
+        if self.rank is not None and self.steps_recorded <= start:
+            return (f"steps [{start}, {end}) were to be profiled in detail, but the run "
+                    f"ended after {steps_phrase(self.steps_recorded)}, before the window "
+                    "opened")
+        if not self.window_excluded:
+            tail = "kept in the statistics"
+        elif self.window_steps:
+            before, inside, after = self.window_parts
+            why = []
+            if inside:
+                why.append(f"the window's {inside}")
+            if before:
+                why.append("the profiler's warm-up step before it" if before == 1 else
+                           f"the profiler's {before} warm-up steps before it")
+            if after:
+                why.append(f"{steps_phrase(after)} after it, where the ranks wait for each "
+                           "other's trace export")
+            said = ": " + _and(why) if why and sum(self.window_parts) == self.window_steps else ""
+            tail = f"{steps_phrase(self.window_steps)} left out of the statistics{said}"
+        else:
+            tail = "no counted step fell in it"
+        return f"steps [{start}, {end}) profiled in detail; {tail}"
 
     def lines(self) -> list[str]:
         return [f"{label}: {text}" for label, text in self.entries()]
@@ -141,6 +170,7 @@ class Title:
             "profiled": list(self.profiled) if self.profiled else None,
             "window_excluded": self.window_excluded,
             "window_steps": self.window_steps,
+            "window_parts": list(self.window_parts),
         }
 
 
@@ -387,10 +417,19 @@ def build_report(
         if len(sched) == 2:
             window = (int(sched[0]), int(sched[1]))
     profiled = profiled_steps(ref) if ref else None
+    disturbed = disturbed_steps(ref) if ref else None
     flops_step = counted_step(ref.data) if ref is not None else None
-    steps = counted(n_rows, warmup, (profiled or window) if exclude_window else None, flops_step)
+    steps = counted(n_rows, warmup, (disturbed or window) if exclude_window else None,
+                    flops_step)
     # The FLOP-counted step is left out too, but is no window step.
-    after_warmup = counted(n_rows, warmup, None, flops_step).count
+    after_warmup = counted(n_rows, warmup, None, steps.skip).count
+    parts: tuple[int, int, int] = (0, 0, 0)
+    if window is not None and exclude_window:
+        # The steps left out, by why: the profiler's warm-up step before
+        # the window, the window's own, the settling steps after it.
+        first, last = (disturbed or profiled or window)
+        edges = ((min(first, window[0]), window[0]), window, (window[1], max(last, window[1])))
+        parts = tuple(max(0, min(hi, n_rows) - max(lo, warmup)) for lo, hi in edges)  # type: ignore[assignment]
     title = Title(
         command=_command(run, ref),
         run_dir=run.run_dir,
@@ -404,6 +443,7 @@ def build_report(
         window_excluded=exclude_window,
         window_steps=after_warmup - steps.count,
         profiled=profiled or window,
+        window_parts=parts,
     )
     report = Report(title=title, sections=_sections(ref))
     report.problem = _no_measurement(run)
@@ -426,9 +466,14 @@ def build_report(
         # "recorded no steps" only repeats what `problem` already says.
         report.problems = [p for p in report.problems if not p.endswith("recorded no steps")]
 
+    child_steps = 0
     if ref is not None:
         report.extras = _extras(ref)
         report.device = device_summary(ranks)
+        children = _children(run.run_dir, ref)
+        if children is not None:
+            report.extras.append(children[0])
+            child_steps = children[1]
     # The reference rank's steps, read once for everything that needs them
     # (a rank in a step file is read again at each use).
     full = ref.table if ref is not None and ref.n_steps else None
@@ -444,7 +489,7 @@ def build_report(
                 "or the detailed window: nothing left to summarise (lower --warmup)"
             )
         if forward_unseen(report.model):
-            report.notes.append(FORWARD_UNSEEN)
+            report.notes.append(forward_unseen_note(report.model))
         report.flops = _flops(ref, ranks, table, settings, report)
         if report.model.overshoot_steps:
             report.notes.append(
@@ -455,6 +500,12 @@ def build_report(
     if ref is not None:
         report.pipeline = _pipeline(ref)
     report.advice = advise(advice_inputs(report, ref, ranks, run.meta))
+    trained_elsewhere = _trained_in_children(report, child_steps)
+    if trained_elsewhere:
+        # The parent's loop is a test or a wait: its Reader Ratio and
+        # Others say nothing of the training, which ran in the children.
+        report.notes.append(trained_elsewhere)
+        report.advice = [a for a in report.advice if a.kind not in _TRAINING_ADVICE]
     report.disturbed = _disturbed(run)
     if results:
         report.results = _results(run)
@@ -466,6 +517,56 @@ def build_report(
     if series:
         report.series = page_series(run, ref, warmup, exclude_window)
     return report
+
+
+#: Advice read from the steps' phases: about the training loop.
+_TRAINING_ADVICE = ("io-bound", "cpu-bound", "gpu-bound", "sync-stall", "unstable-timing")
+#: The name of the extra row for a rank's children.
+CHILDREN_ROW = "Child processes"
+
+
+def _children(run_dir: str, ref: RankResult) -> Optional[tuple[ExtraRow, int]]:
+    """The processes the reference rank's script started itself (store/
+    childfile.py) and what they trained: one row, with each target's
+    optimizer steps, and their optimizer steps in all; None when it started
+    none that reported."""
+    found, bad = read_children(run_dir, rank_stem(ref.rank, int(ref.data.get("restart") or 0)))
+    if not found and not bad:
+        return None
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for child in found:
+        by_target.setdefault(child["target"], []).append(child)
+    parts = []
+    for target, docs in by_target.items():
+        steps = sum(d["optimizer_steps"] for d in docs)
+        raised = sum(d["status"] == "raised" for d in docs)
+        pids = ", ".join(str(d["pid"]) for d in docs)
+        part = (f"{target}: {len(docs)} process{'es' if len(docs) > 1 else ''} (pid {pids}), "
+                f"{steps} optimizer steps")
+        if raised:
+            part += f", {raised} raised"
+        parts.append(part)
+    if bad:
+        parts.append(f"{bad} record(s) unreadable")
+    detail = "; ".join(parts) + "; started by the script with multiprocessing, not profiled"
+    total = sum(float(d["seconds"]) for d in found)
+    steps = sum(d["optimizer_steps"] for d in found)
+    return ExtraRow(CHILDREN_ROW, len(found), total, detail, "process"), steps
+
+
+def _trained_in_children(report: Report, child_steps: int) -> Optional[str]:
+    """The note for a rank that did not train while the processes it
+    started did (Hogwild: children train, the parent tests), or None."""
+    if not child_steps or report.model is None:
+        return None
+    calls = {r.name: r.calls or 0 for r in report.model.rows}
+    if calls.get("Backward", 0) or calls.get("Optimization", 0):
+        return None
+    return ("this process did not train (no backward, no optimizer step in its steps): the "
+            "training ran in the processes it started (Child processes, under Outside the "
+            "steps), which perfrun does not profile; its steps are the script's own loop (a "
+            "test, a wait) and no advice is given on them. To profile training processes, "
+            "start them as ranks: perfrun --nproc-per-node N SCRIPT")
 
 
 def _results(run: RunResults) -> dict[str, Any]:

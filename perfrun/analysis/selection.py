@@ -7,6 +7,8 @@ A rank records every step, but not every step says how fast the loop runs:
 * the detailed window's steps run under torch.profiler, and so does the
   profiler's own warm-up step before it: they are slower than the loop
   really is (unless the run was timer-only, when no profiler ran);
+* on a run of several ranks, the steps just after the window hold the
+  wait for the rank whose trace export ended last (SETTLE_STEPS);
 * the one step perfrun counted FLOPs on runs several times slower.
 
 Leaving each out is decided here, once, from a rank's step count and what
@@ -52,6 +54,28 @@ def profiled_steps(rank: RankResult) -> Optional[tuple[int, int]]:
         except (TypeError, ValueError):
             pass
     return rank_window(rank)
+
+
+#: Steps after the profiled ones left out too when the run has several
+#: ranks: each rank ends the window by exporting its trace, which takes
+#: longer on some ranks than on others, and the first collective after it
+#: makes the ranks that finished first wait for the rest: a wait that is
+#: the window's, not the loop's, and would name a false straggler. Two, as
+#: on a GPU the wait can surface a step later, at the first synchronisation.
+SETTLE_STEPS = 2
+
+
+def disturbed_steps(rank: RankResult) -> Optional[tuple[int, int]]:
+    """The steps the window disturbed: the profiled steps and, on a run of
+    several ranks, the SETTLE_STEPS after them (on every rank alike, since
+    each rank's files say the same window)."""
+    profiled = profiled_steps(rank)
+    if profiled is None:
+        return None
+    world = rank.data.get("world_size")
+    if isinstance(world, int) and world > 1:
+        return profiled[0], profiled[1] + SETTLE_STEPS
+    return profiled
 
 
 @dataclass(frozen=True)
@@ -114,7 +138,7 @@ def rank_counted(rank: RankResult, warmup: int, window: Window = None,
     profiled steps; `exclude_window=False` keeps them (a timer-only run's
     window ran no profiler)."""
     if window is None:
-        window = profiled_steps(rank)
+        window = disturbed_steps(rank)
     return counted(rank.n_steps, warmup, window if exclude_window else None,
                    counted_step(rank.data))
 

@@ -247,9 +247,22 @@ def decide(ranks: Sequence[RankSteps]) -> Optional[Straggler]:
     # rank-per-phase reading.
     steps_agree = float(np.min(step_col)) >= (1.0 - SYNC_STEP_SPREAD) * float(np.max(step_col))
     leave_spread = float(np.median(np.ptp(leave[:, :, wp], axis=0)))
-    if not (scores[wp] > 0.0 and steps_agree and leave_spread <= SYNC_LEAVE_SPREAD * step_med):
-        return _replace(base, reason="no phase absorbs lateness: the ranks do not wait for "
-                        "each other")
+    # Which test failed says what was seen: ranks that pace each other
+    # (DDP's all-reduce every step) but none late enough to be waited on
+    # are not ranks that never wait.
+    if not steps_agree:
+        return _replace(base, reason=(
+            f"the ranks' steps differ by more than {SYNC_STEP_SPREAD * 100:.0f}% (median "
+            f"{float(np.min(step_col)) * 1e3:.3f} to {float(np.max(step_col)) * 1e3:.3f} ms): "
+            "no collective paces them, so no rank waits for another"))
+    if leave_spread > SYNC_LEAVE_SPREAD * step_med:
+        return _replace(base, reason=(
+            "the ranks leave no phase together (by "
+            f"{leave_spread / step_med * 100:.0f}% of the step at best): no collective paces "
+            "them, so no rank waits for another"))
+    if not scores[wp] > 0.0:
+        return _replace(base, reason="the ranks keep pace with each other, and none arrives "
+                        "late enough at a phase for the others to wait on it")
     wait = _ORDER[wp]
     arrive = enter[:, :, wp]  # (ranks, steps)
     late = np.empty((n_ranks, n_steps))

@@ -75,7 +75,15 @@ class PerfSummary:
 
     @property
     def no_dataloader(self) -> bool:
-        return self.dataloader_calls == 0 and self.steps > 0
+        return self.dataloader_calls == 0 and self.steps > 0 and not self.batch_reused
+
+    @property
+    def batch_reused(self) -> bool:
+        """No fetch in the counted steps, yet each trained on samples: a
+        batch fetched once (the whole data set), trained on step after step
+        (steps.py: many optimizer steps on one batch)."""
+        return (self.dataloader_calls == 0 and self.steps > 0 and self.samples_ips is not None
+                and (self.samples_ips.avg or 0.0) > 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,19 +197,47 @@ FORWARD_UNSEEN = (
     "LightningModule) or not called as an nn.Module, so its forward is counted in Others"
 )
 
+#: A forward under this share of its backward is not the model's (a
+#: forward costs a third to a half of its backward): what was timed is a
+#: module the model calls, and the model itself ran unseen.
+FORWARD_HIDDEN = 0.1
+
 
 def forward_unseen(model: Optional[ModelSummary]) -> bool:
     """The counted steps trained (a backward or an optimizer step was timed)
-    yet timed no forward. The model then ran where perfrun times no module
-    call, most often inside a function given to torch.compile: Dynamo traces
-    the model's call there, and a traced call is never timed (hooks.py). Its
-    forward is then in Others, which is no longer the loop's own Python
-    alone, and the report must say so rather than blame the loop."""
+    yet timed no forward, or a forward too small to be the model's. The
+    model then ran where perfrun times no module call: inside a function
+    given to torch.compile (Dynamo traces the model's call there, and a
+    traced call is never timed, hooks.py), or called as `model.forward(x)`
+    rather than `model(x)` (forward-forward training calls each layer so),
+    where only the modules it calls in turn are timed. Its forward is then
+    in Others, which is no longer the loop's own Python alone, and the
+    report must say so rather than blame the loop."""
     if model is None or not model.steps:
         return False
-    calls = {row.name: row.calls or 0 for row in model.rows}
-    return calls.get("Forward", 0) == 0 and (
-        calls.get("Backward", 0) > 0 or calls.get("Optimization", 0) > 0
+    rows = {row.name: row for row in model.rows}
+    calls = {name: row.calls or 0 for name, row in rows.items()}
+    if calls.get("Forward", 0) == 0:
+        return calls.get("Backward", 0) > 0 or calls.get("Optimization", 0) > 0
+    forward, backward = rows.get("Forward"), rows.get("Backward")
+    return (forward is not None and backward is not None and calls.get("Backward", 0) > 0
+            and forward.cpu.avg < FORWARD_HIDDEN * backward.cpu.avg)
+
+
+def forward_unseen_note(model: ModelSummary) -> str:
+    """The report's note for forward_unseen: what was timed, and where the
+    model's forward went."""
+    rows = {row.name: row for row in model.rows}
+    forward, backward = rows.get("Forward"), rows.get("Backward")
+    if forward is None or not forward.calls or backward is None:
+        return FORWARD_UNSEEN
+    return (
+        f"the Forward timed ({forward.cpu.avg * 1e3:.3f} ms a step) is under "
+        f"{FORWARD_HIDDEN * 100:.0f}% of the Backward ({backward.cpu.avg * 1e3:.3f} ms): "
+        "it is a module the model calls, not the model, which ran where perfrun times no "
+        "module call: called as `module.forward(x)` rather than `module(x)`, or inside "
+        "code torch.compile traced; the model's forward is counted in Others (call the "
+        "model as `module(x)` to have it timed)"
     )
 
 

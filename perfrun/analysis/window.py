@@ -53,6 +53,12 @@ class RankWindow:
     summary: dict[str, Any]
 
 
+#: The least steps inside the window, and outside it, for the profiler's
+#: overhead to be quoted.
+OVERHEAD_MIN_INSIDE = 3
+OVERHEAD_MIN_OUTSIDE = 10
+
+
 @dataclass
 class WindowReport:
     window: tuple[int, int]
@@ -60,6 +66,11 @@ class WindowReport:
     model: Optional[ModelSummary] = None
     window_median: Optional[float] = None
     outside_median: Optional[float] = None
+    #: How many steps each median is over, and the steps outside's own
+    #: spread (half their interquartile range over their median).
+    window_count: int = 0
+    outside_count: int = 0
+    outside_spread: Optional[float] = None
     warnings: list[str] = field(default_factory=list)
     #: What the window is, where it is not steps [START, END) of a run
     #: (`perfrun analyze`: the trace's own steps).
@@ -70,10 +81,24 @@ class WindowReport:
     @property
     def overhead(self) -> Optional[float]:
         """How much slower the window's steps were than the steps outside
-        it: the profiler's own cost, measured (0.25 = 25% slower)."""
+        it: the profiler's own cost, measured (0.25 = 25% slower). None
+        from too few steps on either side (OVERHEAD_MIN_INSIDE,
+        OVERHEAD_MIN_OUTSIDE): a median of two steps against one is noise."""
         if not self.window_median or not self.outside_median:
             return None
+        if (self.window_count < OVERHEAD_MIN_INSIDE
+                or self.outside_count < OVERHEAD_MIN_OUTSIDE):
+            return None
         return self.window_median / self.outside_median - 1.0
+
+    @property
+    def overhead_measurable(self) -> bool:
+        """The window's steps slower than the others by more than the
+        others' own spread: only then is the difference the profiler's.
+        Faster by more than it, the steps differ in kind (a window over
+        the loop's other half), not by a profiler cost."""
+        overhead, spread = self.overhead, self.outside_spread
+        return overhead is not None and spread is not None and overhead > spread
 
     @property
     def reference(self) -> Optional[RankWindow]:
@@ -83,8 +108,12 @@ class WindowReport:
         return {
             "window": list(self.window),
             "overhead": self.overhead,
+            "overhead_measurable": self.overhead_measurable,
             "window_median_step": self.window_median,
             "outside_median_step": self.outside_median,
+            "window_steps": self.window_count,
+            "outside_steps": self.outside_count,
+            "outside_spread": self.outside_spread,
             "model": self.model.to_dict() if self.model else None,
             "ranks": {str(r.rank): r.summary for r in self.ranks},
             "warnings": list(self.warnings),
@@ -125,8 +154,14 @@ def window_report(
     if inside.shape[0]:
         report.model = model_summary(inside)
         report.window_median = float(np.median(columns.step_times(inside)))
+        report.window_count = int(inside.shape[0])
     if outside.shape[0]:
-        report.outside_median = float(np.median(columns.step_times(outside)))
+        times = columns.step_times(outside)
+        report.outside_median = float(np.median(times))
+        report.outside_count = int(outside.shape[0])
+        if report.outside_median > 0:
+            q1, q3 = np.percentile(times, [25, 75])
+            report.outside_spread = float((q3 - q1) / 2 / report.outside_median)
     if n_steps <= start:
         report.warnings.append(
             f"the detailed window [{start}, {end}) starts after the script's last step: "

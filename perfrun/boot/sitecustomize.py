@@ -50,6 +50,8 @@ def _start():
             if not root:
                 raise
             sys.path.append(root)
+            # The script's children will not find perfrun on their path.
+            payload["package_root_used"] = True
             from perfrun.runtime import lite
         lite.boot(payload)
     except Exception as exc:  # never break the user's interpreter

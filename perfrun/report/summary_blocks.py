@@ -30,6 +30,8 @@ from perfrun.store.stepfile import PHASES
 #: The Perf Summary's line for steps that fetched from no DataLoader: their
 #: batches were made by the script, in Others, not loaded for free.
 NO_DATALOADER = "no DataLoader: batch preparation is counted in Others"
+#: ... and for steps that train on a batch fetched before them.
+BATCH_REUSED = "no fetch in the counted steps: they train on a batch fetched before them"
 
 
 def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: int = 2) -> str:
@@ -43,6 +45,8 @@ def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
     counts = []
     if perf.no_dataloader:
         counts.append(NO_DATALOADER)
+    elif perf.batch_reused:
+        counts.append(BATCH_REUSED)
     elif perf.reader_ratio is not None:
         counts.append(f"Reader Ratio: {perf.reader_ratio * 100:.3f}%")
     counts.append(f"warm-up steps excluded: {warmup}")
@@ -112,6 +116,12 @@ def with_flops(block: TableBlock, flops: Optional[FlopsSummary]) -> TableBlock:
         return block
     if not flops.counted:
         block.footer.append(f"FLOP/s: not counted: {flops.reason}")
+        return block
+    if not any(p.flops for p in flops.phases):
+        # Counted, and none found in the phases: the model's operators ran
+        # outside them (a model called as `.forward()`, see the notes).
+        block.footer.append(f"FLOP/s: none counted on step {flops.step}: no operator with a "
+                            "FLOP formula ran inside a timed phase")
         return block
     unit, factor = flops.unit
     columns = [Column(f"Achieved {unit}")]

@@ -192,11 +192,16 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
     start, end = w.window
     info = [w.label or f"steps [{start}, {end})", f"time unit: {unit}"]
     if w.overhead is not None:
-        info.append(
-            f"profiler overhead: window steps {w.overhead * 100:+.1f}% vs steps outside "
-            f"(median {fmt_num(w.window_median, 3, 1e3)} ms vs "
-            f"{fmt_num(w.outside_median, 3, 1e3)} ms)"
-        )
+        medians = (f"median {fmt_num(w.window_median, 3, 1e3)} ms over {w.window_count} "
+                   f"steps vs {fmt_num(w.outside_median, 3, 1e3)} ms over {w.outside_count}, "
+                   f"which spread by ±{(w.outside_spread or 0.0) * 100:.0f}%")
+        if w.overhead_measurable:
+            info.append(f"profiler overhead: window steps {w.overhead * 100:+.1f}% vs steps "
+                        f"outside ({medians})")
+        else:
+            info.append(f"profiler overhead: not measurable: window steps "
+                        f"{w.overhead * 100:+.1f}% vs steps outside, within or below their "
+                        f"own spread ({medians})")
     if w.warnings:
         out.append(LinesBlock("window-warnings", "Detailed window", list(w.warnings), "warning"))
     ref = w.reference

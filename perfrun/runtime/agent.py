@@ -225,7 +225,7 @@ class Agent:
             sched = self.settings.scheduler
             profiled = (max(0, sched[0] - 1), sched[1]) if sched else None
             self.flops = FlopCounter(torch, self.hooks_state, self.tracker, self.record_fault,
-                                     counted_step(profiled))
+                                     counted_step(profiled, sched[0] if sched else None))
             self._begin_listeners.append(self._flops_step_begin)
             self._end_listeners.append(self._flops_step_end)
             self._update_listener()  # live until the counted step has ended

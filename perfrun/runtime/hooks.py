@@ -64,6 +64,9 @@ import types
 import weakref
 from typing import Any, Callable, Optional
 
+from perfrun.store.layout import rank_stem
+
+from . import children
 from .events import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
 from .steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO
 
@@ -558,6 +561,34 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
         return start_processes
 
+    # -- processes the script starts itself (multiprocessing.Process) --------------
+    import multiprocessing.process as mp_process
+
+    script_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+
+    def make_process_start(orig_start: Callable) -> Callable:
+        def start(self: Any) -> Any:
+            try:
+                target = getattr(self, "_target", None)
+                if target is not None and children.is_scripts(target, script_dir):
+                    method = self._start_method or mp_context_method()
+                    # A spawned child unpickles the wrapper: only where it
+                    # can import perfrun as this process did.
+                    if method == "fork" or not agent.payload.get("package_root_used"):
+                        self._target = children.ChildTarget(
+                            target, agent.run_dir, rank_stem(agent.rank, agent.restart),
+                            agent.t0_unix, agent.t0)
+                    note_once(process_note(children.target_name(target)))
+                elif target is None and type(self).run is not mp_process.BaseProcess.run:
+                    note_once(process_note(type(self).__qualname__ + ".run"))
+            except Exception as exc:
+                fault("multiprocessing.Process", exc)
+            return orig_start(self)
+
+        return start
+
+    patch(mp_process.BaseProcess, "start", make_process_start)
+
     # `spawn` calls the `start_processes` of its own module; the package
     # re-exports the function for direct callers.
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")
@@ -766,6 +797,28 @@ def spawn_note(fn: Any, nprocs: Any, script: str) -> str:
         f"{nprocs} {script or 'SCRIPT'}, the script taking its rank from the RANK and "
         "WORLD_SIZE environment variables"
     )
+
+
+def process_note(target: str) -> str:
+    """What the report says of a process the script starts with
+    `multiprocessing.Process` (Hogwild): perfrun profiles the processes it
+    launches, not theirs (children.py says why); what they trained is
+    counted and reported beside it."""
+    return (
+        f"the script started processes of its own with multiprocessing ({target}): perfrun "
+        "profiles the process it starts (or each rank torchrun starts), not processes the "
+        "script starts, so their steps are not in these tables; what they trained is listed "
+        "under Child processes"
+    )
+
+
+def mp_context_method() -> str:
+    """The start method a Process without one of its own uses."""
+    import multiprocessing
+
+    # (Without allow_none, asking would fix the method for the script.)
+    return (multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0])
 
 
 def thread_note(thread: str) -> str:

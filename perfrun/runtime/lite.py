@@ -137,7 +137,8 @@ class Boot:
             round(perf_counter() - self.t0, 6),
             environment(self.pid, self.payload.get("command")),
             {k: v for k, v in self.payload.items()
-             if k not in ("pythonpath", "boot_dir", "package_root", "command")},
+             if k not in ("pythonpath", "boot_dir", "package_root", "package_root_used",
+                          "command")},
             window=self.payload.get("scheduler"),
         )
         write_rank_file(self.path, doc)

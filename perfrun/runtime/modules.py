@@ -124,14 +124,25 @@ def qualified_names(
             qual = root_qual if not name else (f"{label}.{name}" if label else name)
             out[id(module)] = (module, qual)
             if tree is not None:
-                # (depth below its root, parent's qualified name, class).
+                # (depth below its root, parent's qualified name, class,
+                # the shapes of its parameters: siblings of one class are
+                # alike only when these match, analysis/modules.py).
                 parent = name.rsplit(".", 1)[0] if "." in name else ""
                 parent_qual = (f"{label}.{parent}" if label else parent) if parent else root_qual
                 kind = type(wrapped if wrapped is not None else module).__name__
                 if wrapped is not None:
                     kind += " (compiled)"
-                tree[qual] = (d, parent_qual if name else "", kind)
+                tree[qual] = (d, parent_qual if name else "", kind, parameter_shapes(module))
     return out
+
+
+def parameter_shapes(module: Any) -> str:
+    """A module's parameters' shapes, `64x256,256`: what tells a Linear
+    64->256 from a Linear 256->10."""
+    try:
+        return ",".join("x".join(str(n) for n in p.shape) for p in module.parameters())
+    except Exception:
+        return ""
 
 
 class ModuleRanges:

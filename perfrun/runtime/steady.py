@@ -240,6 +240,8 @@ class SteadyReplay:
             return None
         if -1 in (_COLUMN[lead[1]], *(_COLUMN[s[1]] for s in steps[1:-1:2])):
             return None  # a closure's own time is Others: no column
+        if lead[1] != DATA and any(s[1] == DATA for s in steps[1:-1:2]):
+            return None  # a fetch inside a step led by another event: rare
         buf = tracker.buf
         if len(buf) < WIDTH:
             return None  # the writer took the row already

@@ -51,6 +51,15 @@ The rules (documented in the README):
 * DataLoader iterator creation (worker start-up) and the fetch that raises
   StopIteration are excluded in the same way; the latter also ends the
   current step when it has closed, since it marks the end of the loop body.
+* Many optimizer steps on one batch (the whole data set fetched once,
+  then trained on epoch after epoch; forward-forward training, one layer
+  at a time): when an optimizer closes a step that it has closed already,
+  and the cycle began again in between (a top-level event after its first
+  step), the step was more than one: it is split where each cycle began
+  (a close by another optimizer before it, a GAN's other half, is a step
+  of its own only when it too repeated), and from then on the event that
+  began the second cycle leads a step as a fetch does. Each such step
+  counts the last batch's samples again: it trained on them.
 * The last step ends where it closed (its optimizer step) if no leading
   event follows; a step that never closed is incomplete and dropped. A call
   that raised closes nothing, so a run that dies inside `optimizer.step`
@@ -155,6 +164,18 @@ class StepTracker:
         self.start = 0.0
         self.first_kind = -1
         self.first_ident: object = None
+        # The event that begins a cycle with no fetch (learned when one
+        # optimizer steps twice on one batch), and the optimizer of the
+        # top-level optimizer step now open.
+        self.lead_kind = -1
+        self.lead_ident: object = None
+        self.opt_ident: object = None
+        # The open step's closes: [optimizer, close time, excluded, phase
+        # times, calls, samples, then the first top-level event after it:
+        # its time, kind, object (None until it comes)].
+        self.closes: list[list] = []
+        # Samples of the last training batch fetched.
+        self.batch_samples = 0
         self.close_t = 0.0
         self.excl_at_close = 0.0
         self.acc_at_close = [0.0, 0.0, 0.0, 0.0]
@@ -249,7 +270,7 @@ class StepTracker:
             self.optimizer_seen, self.training_seen, self.train_data_seen,
             self.fetch_open, self.eval_open, self.eval_held, self.eval_sure, self.in_pass,
             self.excl, self.samples, self.fixed_samples, tuple(self.acc), tuple(self.calls),
-            len(self.fetches),
+            len(self.fetches), self.lead_kind, self.lead_ident,
         )
 
     def is_eval(self, kind: int, grad: bool) -> bool:
@@ -303,6 +324,8 @@ class StepTracker:
             self.train_data_seen = True
             self.fetch_start = t
         else:
+            if kind == OPT:
+                self.opt_ident = ident
             # Anything but another fetch consumed the batches as training.
             self.in_pass = False
             self.fetches = []
@@ -310,7 +333,7 @@ class StepTracker:
                 self.training_seen = True
         if self.open:
             if self.closed and (
-                kind == DATA
+                (kind == DATA or kind == self.lead_kind and ident == self.lead_ident)
                 if self.train_data_seen
                 else kind == self.first_kind and ident == self.first_ident
             ):
@@ -318,6 +341,15 @@ class StepTracker:
                     self._close_eval()
                 self._commit(t, self.excl)
                 self._open(t, kind, ident)
+                if kind != DATA:
+                    # A cycle on the batch fetched before: its samples again.
+                    self.samples = self.batch_samples
+            elif self.closed:
+                last = self.closes[-1] if self.closes else None
+                if last is not None and last[6] is None:
+                    last[6] = t
+                    last[7] = kind
+                    last[8] = ident
         else:
             if self.eval_open:
                 self._close_eval()
@@ -359,6 +391,16 @@ class StepTracker:
             if step_on == "auto"
             else kind in _CLOSERS[step_on]
         ):
+            if kind == OPT and step_on != "forward" and step_on != "backward":
+                opt = self.opt_ident
+                closes = self.closes
+                for i in range(len(closes) - 1, -1, -1):
+                    if closes[i][0] == opt:
+                        if closes[i][6] is not None:
+                            self._split(i)
+                        break
+                self.closes.append([opt, t, self.excl, self.acc[:], self.calls[:],
+                                    self.samples, None, -1, None])
             self.closed = True
             self.close_t = t
             self.excl_at_close = self.excl
@@ -376,6 +418,7 @@ class StepTracker:
         if self.open and self.fetches:
             self.samples += n
             self.fetches[-1][2] += n
+            self.batch_samples = n
 
     def own_work(self, t0: float, t1: float) -> None:
         """perfrun's own work ran from t0 to t1 at a step boundary (the
@@ -530,16 +573,47 @@ class StepTracker:
         self.start = t
         self.first_kind = kind
         self.first_ident = ident
+        self.closes = []
         self._reset_accumulators()
         if self.on_begin is not None:
             self.on_begin(self.committed, t)
 
     def _commit(self, end: float, excl: float) -> None:
-        a, c = self.acc, self.calls
+        self._write(self.start, end, self.acc, self.calls, self.samples, excl)
+
+    def _split(self, i: int) -> None:
+        """The optimizer of close `i` of the open step steps again after the
+        cycle began anew (see the rules). The cycle that just ended runs
+        from that optimizer's last step (from the close before it, or the
+        step's start) to the event after the latest close: one step; the
+        closes before it, another; what came after, the open step, led from
+        now on by the event that began it."""
+        closes = self.closes
+        last = closes[-1]
+        acc, calls, excl = self.acc, self.calls, self.excl
+        if i > 0:
+            before = closes[i - 1]
+            self._write(self.start, before[6], before[3], before[4], before[5], before[2])
+            self._open(before[6], before[7], before[8])
+            self._write(before[6], last[6], [a - b for a, b in zip(last[3], before[3])],
+                        [a - b for a, b in zip(last[4], before[4])],
+                        self.batch_samples, last[2] - before[2])
+        else:
+            self._write(self.start, last[6], last[3], last[4], last[5], last[2])
+        self._open(last[6], last[7], last[8])
+        self.acc = [a - b for a, b in zip(acc, last[3])]
+        self.calls = [a - b for a, b in zip(calls, last[4])]
+        self.excl = excl - last[2]
+        self.samples = self.batch_samples
+        if self.train_data_seen:
+            self.lead_kind, self.lead_ident = last[7], last[8]
+
+    def _write(self, start: float, end: float, a: list, c: list, samples: int,
+               excl: float) -> None:
         origin = self.origin
         self.buf.frombytes(
             _ROW.pack(
-                self.start - origin,
+                start - origin,
                 end - origin,
                 a[0],
                 a[1],
@@ -550,7 +624,7 @@ class StepTracker:
                 c[1],
                 c[2],
                 c[3],
-                self.samples if self.fixed_samples is None else self.fixed_samples,
+                samples if self.fixed_samples is None else self.fixed_samples,
                 MISSING,
                 MISSING,
                 MISSING,

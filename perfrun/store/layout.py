@@ -21,6 +21,8 @@ folder holds:
     pipeline/rank<R>.loader<L>.fetches      its DataLoaders' fetches, and
     pipeline/rank<R>.loader<L>.pid<P>.batches  each worker's batches
                                    (pipelinefile.py)
+    children/rank<R>.pid<P>.json   a process the rank's script started
+                                   itself, and what it trained (childfile.py)
     nodes/node<K>.json             each node's launcher record (multi-node)
     torchrun-status.json           how torchrun's failed workers ended
     hang.txt                       the hang report (--hang-timeout)
@@ -46,6 +48,8 @@ TRACE_DIR = "trace"
 NSYS_DIR = "nsys"
 #: The input pipelines' tables (pipelinefile.py).
 PIPELINE_DIR = "pipeline"
+#: Processes a rank's script started itself (childfile.py).
+CHILDREN_DIR = "children"
 #: The hang report (launcher/hang.py).
 HANG_FILE = "hang.txt"
 #: The page written into every run folder at the end of a run.
@@ -68,7 +72,7 @@ RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
 #: `rank3.restart1.` (its rank file, step file, trace, nsys report).
 RANK_STEM = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.")
 #: Sub-folders whose files belong to ranks by the same stem.
-RANK_SUBFOLDERS = (TRACE_DIR, NSYS_DIR, PIPELINE_DIR)
+RANK_SUBFOLDERS = (TRACE_DIR, NSYS_DIR, PIPELINE_DIR, CHILDREN_DIR)
 #: The names perfrun gives run folders: `YYYYMMDD-HHMMSS-PID`, and a
 #: multi-node job's `job-NAME[.K]`. Only these are --keep's to remove.
 MANAGED = re.compile(r"^(\d{8}-\d{6}-\d+|job-.+)$")
@@ -174,3 +178,8 @@ def node_torchrun_status(key: str) -> str:
 
 def is_node_torchrun_status(name: str) -> bool:
     return name.startswith("torchrun-status.") and name.endswith(".json")
+
+
+def child_path(run_dir: str, stem: str, pid: int) -> str:
+    """What a process a rank's script started (`pid`) reports of itself."""
+    return os.path.join(run_dir, CHILDREN_DIR, f"{stem}.pid{pid}.json")

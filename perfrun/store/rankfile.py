@@ -116,6 +116,7 @@ _WINDOW_SUMMARY = Obj({
             "depth": INT,
             "parent": Opt(STR),
             "type": STR,
+            "shapes": Opt(STR),
             "calls": INT,
             "forward": Opt(NUMBER),
             "backward": Opt(NUMBER),

@@ -3,7 +3,10 @@ or stuck, for the straggler and hang tests.
 
 `--slow-rank R --slow-phase dataloader|forward --delay S` makes rank R's
 batches (or its forward) S seconds slower; `--hang-rank R --hang-at N` makes
-rank R sleep for ever inside its forward at step N.
+rank R sleep for ever inside its forward at step N; `--busy-rank R
+--busy-steps A B` makes rank R run 3000 small tensor ops more in each of
+steps [A, B) (under a detailed window there, its trace is the larger and
+takes the longer to export).
 """
 
 import argparse
@@ -53,6 +56,8 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--hang-rank", type=int, default=None)
     parser.add_argument("--hang-at", type=int, default=-1)
+    parser.add_argument("--busy-rank", type=int, default=None)
+    parser.add_argument("--busy-steps", type=int, nargs=2, default=(0, 0))
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -67,7 +72,11 @@ def main() -> None:
               args.hang_at if rank == args.hang_rank else -1)
     model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in loader:
+    busy = torch.zeros(4)
+    for step, (x, y) in enumerate(loader):
+        if rank == args.busy_rank and args.busy_steps[0] <= step < args.busy_steps[1]:
+            for _ in range(3000):
+                busy.add_(1.0)
         optimizer.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()

@@ -1,0 +1,80 @@
+"""Processes a script starts itself: the child's document (store/
+childfile.py), the target wrapper that writes it (runtime/children.py),
+and what the report makes of them, without subprocesses. The real Hogwild
+runs, forked and spawned, are in test_e2e_loop_shapes.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from builders import make_rank, make_rows, make_run
+
+from perfrun.analysis.report import build_report
+from perfrun.runtime import children
+from perfrun.store import childfile, layout
+
+
+def _child(pid: int, steps: int, status: str = "finished") -> dict:
+    return {"pid": pid, "target": "train", "started": 1.0, "seconds": 2.5,
+            "optimizer_steps": steps, "status": status}
+
+
+def test_documents_are_written_whole_and_read_back_validated(tmp_path: Path) -> None:
+    run_dir = str(tmp_path)
+    childfile.write(run_dir, "rank0", _child(12, 40))
+    childfile.write(run_dir, "rank0", _child(11, 38, "raised"))
+    childfile.write(run_dir, "rank1", _child(13, 5))
+    folder = tmp_path / layout.CHILDREN_DIR
+    (folder / "rank0.pid14.json").write_text("{not json")
+    (folder / "rank0.pid15.json").write_text(json.dumps(
+        {"format": childfile.FORMAT, "version": 99, **_child(15, 1)}))
+    found, bad = childfile.read_children(run_dir, "rank0")
+    assert [d["pid"] for d in found] == [11, 12] and bad == 2
+    assert not any(name.endswith(".tmp") for name in os.listdir(folder))
+
+
+def test_a_target_counts_the_optimizer_steps_it_takes(tmp_path: Path) -> None:
+    def train(n: int) -> str:
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(n):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+        return "done"
+
+    wrapped = children.ChildTarget(train, str(tmp_path), "rank0", 0.0, 0.0)
+    assert wrapped(7) == "done"
+    [doc], bad = childfile.read_children(str(tmp_path), "rank0")
+    assert bad == 0 and doc["optimizer_steps"] == 7 and doc["status"] == "finished"
+    assert doc["target"].endswith("train") and doc["pid"] == os.getpid()
+    # The hook is removed with the target: steps after it are not counted.
+    train(3)
+    [doc], _ = childfile.read_children(str(tmp_path), "rank0")
+    assert doc["optimizer_steps"] == 7
+
+
+def test_only_the_scripts_own_targets_are_wrapped() -> None:
+    assert not children.is_scripts(torch.utils.data._utils.worker._worker_loop, "/x")
+    assert children.is_scripts(test_only_the_scripts_own_targets_are_wrapped,
+                               os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_parent_that_only_tests_while_its_children_train_gets_no_advice(
+    tmp_path: Path,
+) -> None:
+    # The parent's steps: no-grad fetches and forwards, most of it loading.
+    rows = make_rows([{"dataloader": 0.004, "forward": 0.002, "calls": (1, 1, 0, 0)}] * 8)
+    run_dir = str(tmp_path)
+    for pid in (101, 102):
+        childfile.write(run_dir, "rank0", _child(pid, 40))
+    report = build_report(make_run([make_rank(rows)], run_dir=run_dir), warmup=1)
+    [row] = [e for e in report.extras if e.name == "Child processes"]
+    assert row.calls == 2 and "train: 2 processes (pid 101, 102), 80 optimizer steps" in row.detail
+    assert any(n.startswith("this process did not train") for n in report.notes)
+    assert report.advice == []
+    # The same steps without children that trained: the advice stands.
+    alone = build_report(make_run([make_rank(rows)], run_dir=str(tmp_path / "none")), warmup=1)
+    assert alone.advice and not any("did not train" in n for n in alone.notes)

@@ -1,0 +1,162 @@
+"""Loop shapes that scripts written without perfrun in mind take, on real
+torch on the CPU: each script is written the way its kind is written in
+public examples, and perfrun's steps are held to the script's own counts
+and stopwatch.
+
+The rules behind the steps (steps.py) are in test_steps.py, on
+hand-written event sequences.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import PerfrunRun, RunPerfrun
+from test_e2e_process import free_port
+
+from perfrun.report.summary_blocks import BATCH_REUSED
+from perfrun.store.stepfile import COL
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FORWARD_FORWARD = str(SCRIPTS / "ff_train.py")
+DDP = str(SCRIPTS / "straggler_ddp.py")
+HOGWILD = str(SCRIPTS / "hogwild.py")
+GCN = str(SCRIPTS / "gcn_sparse.py")
+
+
+def printed(out: str, key: str) -> float:
+    found = re.search(rf"^{key} ([-\d.]+)$", out, re.M)
+    assert found, f"no {key} line in:\n{out}"
+    return float(found.group(1))
+
+
+def finished(run: PerfrunRun) -> dict[str, Any]:
+    assert run.returncode == 0, run.describe()
+    return run.report()
+
+
+# -- many optimizer steps on one batch ------------------------------------------------
+
+
+@pytest.mark.parametrize("step_on", [None, "optimizer"])
+def test_forward_forward_training_counts_every_optimizer_step(
+    run_perfrun: RunPerfrun, step_on: str | None
+) -> None:
+    """The whole data set fetched once, then 40 Adam steps per layer, two
+    layers, each layer called as `self.forward(x)`."""
+    option = [] if step_on is None else ["--step-on", step_on]
+    run = run_perfrun(*option, FORWARD_FORWARD, "--epochs", "40")
+    report = finished(run)
+    out = run.out
+    # One step per optimizer step, as the script counts them.
+    assert printed(out, "FF_STEPS") == 80
+    assert report["title"]["steps_recorded"] == 80
+    table = np.asarray(run.rank0().table)
+    # The fetch is in the first step; each step trained on the whole batch.
+    assert table[0, COL["dataloader_calls"]] == 1
+    assert (table[1:, COL["dataloader_calls"]] == 0).all()
+    assert (table[:, COL["samples"]] == 2000).all()
+    assert (table[:, COL["optimization_calls"]] == 2).all()  # zero_grad, step
+    # Each step is one cycle of its layer's loop: away from the first step
+    # and the layer switch, their mean is the script's mean gap between two
+    # optimizer steps (the same cycles, timed at other edges of the loop).
+    spans = table[:, COL["end"]] - table[:, COL["start"]]
+    inside = np.r_[spans[1:39], spans[41:79]]
+    mean = printed(out, "FF_MEAN_MS") / 1e3
+    assert abs(inside.mean() / mean - 1) < 0.1, (inside.mean(), mean)
+    # No fetch in the counted steps: said for what it is, not "no DataLoader".
+    assert report["perf"]["dataloader_calls"] == 0
+    text = subprocess.run([sys.executable, "-m", "perfrun", "report", str(run.run_dir)],
+                          capture_output=True, text=True, check=True).stdout
+    assert BATCH_REUSED in text
+    # The layers' own forward is not timed (called as .forward): the report
+    # says where it went, and no advice blames the loop's own Python.
+    assert any("`module.forward(x)`" in note for note in report["notes"]), report["notes"]
+    assert not any(a["kind"] == "cpu-bound" for a in report["advice"]), report["advice"]
+    # Each advice's text once.
+    texts = [a["message"] for a in report["advice"]]
+    assert len(texts) == len(set(texts))
+    assert statistics.median(inside) > 0
+
+
+# -- a detailed window on several ranks -----------------------------------------------
+
+
+def test_a_window_on_two_ranks_leaves_their_statistics_as_they_were(
+    run_perfrun: RunPerfrun
+) -> None:
+    """DDP on gloo, 60 steps, with a window [20, 25) and without; rank 1
+    does more small ops in those steps, so its trace is the larger and its
+    export the longer (about 1.5 s against 30 ms). Rank 0, done first,
+    waits for it in the next step's all-reduce: a wait of the window's,
+    which must stay out of both ranks' statistics."""
+    def run(*window: str) -> dict[str, Any]:
+        return finished(run_perfrun("--nproc-per-node", "2", "--master-port", str(free_port()),
+                                    *window, DDP, "--steps", "60", "--busy-rank", "1",
+                                    "--busy-steps", "20", "25"))
+
+    plain, windowed = run(), run("--scheduler", "20", "25")
+    assert windowed["title"]["window_parts"] == [1, 5, 2], windowed["title"]
+    assert not any(a["kind"] == "slow-rank" for a in windowed["advice"]), windowed["advice"]
+    # The Perf Summary as without the window, within the noise of two runs
+    # on a shared machine: the wait, counted, made the mean 10 times it.
+    for stat in ("avg", "median"):
+        ratio = windowed["perf"]["batch_cost"][stat] / plain["perf"]["batch_cost"][stat]
+        assert 0.5 < ratio < 2, (stat, ratio)
+    for rank in windowed["ranks"]["rows"]:
+        assert rank["counted"], rank
+
+
+# -- training in processes the script starts itself -----------------------------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_hogwild_children_that_train_are_named_and_counted(
+    run_perfrun: RunPerfrun, run_python: Any, method: str
+) -> None:
+    """Two `torch.multiprocessing.Process` children train a shared model;
+    the parent tests it under no_grad."""
+    args = [HOGWILD, "--start-method", method]
+    run = run_perfrun(*args)
+    report = finished(run)
+    direct = run_python(*args).decode()
+    # The script's own output, as under python (Hogwild's updates race, so
+    # the test's figures vary from run to run: compared without them).
+    def shape(text: str) -> list[str]:
+        return [re.sub(r"[\d.]+", "N", line) for line in text.splitlines()
+                if not line.startswith("perfrun")]
+
+    assert shape(run.out) == shape(direct)
+    [row] = [e for e in report["extras"] if e["name"] == "Child processes"]
+    assert row["calls"] == 2
+    steps = int(printed(run.out, "HOGWILD_STEPS"))
+    assert f"{steps} optimizer steps" in row["detail"]
+    assert any("this process did not train" in n for n in report["notes"]), report["notes"]
+    # The parent's no-grad test loop is given no advice about training.
+    assert report["advice"] == [], report["advice"]
+
+
+# -- sparse matmuls ---------------------------------------------------------------------
+
+
+def test_sparse_matmuls_are_counted_by_their_non_zeros(run_perfrun: RunPerfrun) -> None:
+    """pygcn's full-batch GCN: `torch.spmm` with a sparse adjacency in each
+    layer. torch's formulas count it as the dense product, 3.7 times the
+    step's real multiply-adds here (100 to 1000 times on a real graph's
+    spmm alone)."""
+    run = run_perfrun(GCN, "--fastmode", "--epochs", "30")
+    report = finished(run)
+    flops = {p["name"]: p["flops"] for p in report["flops"]["phases"]}
+    # The script's own count, from the shapes and the non-zeros.
+    assert flops["ProfileStep"] == printed(run.out, "GCN_FLOPS")
+    assert printed(run.out, "GCN_DENSE_FLOPS") > 3 * flops["ProfileStep"]
+    assert any("sparse operand counted by its non-zeros" in n for n in report["flops"]["notes"])
