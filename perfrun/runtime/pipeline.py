@@ -41,7 +41,6 @@ import math
 import os
 import sys
 import threading
-import types
 from array import array
 from time import perf_counter as now
 from time import thread_time as cpu
@@ -49,6 +48,7 @@ from typing import Any, Callable, Optional
 
 from ..store import pipelinefile
 from ..store.stepfile import StepWriter
+from .hooks import without_wrapper_frames
 
 _NAN = math.nan
 _WIDTH = len(pipelinefile.FETCH_COLUMNS)
@@ -87,6 +87,18 @@ def batch_bytes(batch: Any) -> tuple[int, int]:
                 size += nbytes
     return count, size
 
+
+def _adding_time(fn: Callable[[], Any], into: list[float], slot: int) -> Callable[[], Any]:
+    """`fn` (a bound method of torch's iterator, no arguments), its time
+    added to `into[slot]` at each call: a stage of the fetch."""
+    def timed() -> Any:
+        t = now()
+        try:
+            return fn()
+        finally:
+            into[slot] += now() - t
+
+    return timed
 
 class ThreadClock:
     """This thread's CPU time and its time waiting for a CPU, in seconds.
@@ -208,17 +220,10 @@ class Pipeline:
         clock = self._clock()
         pins = bool(getattr(it, "_pin_memory", False))
         fetcher = it._dataset_fetcher
-        orig_index = it._next_index
         orig_fetch = fetcher.fetch
         orig_collate = fetcher.collate_fn
         orig_data = it._next_data
-
-        def _next_index() -> Any:
-            t = now()
-            try:
-                return orig_index()
-            finally:
-                cur[0] += now() - t
+        _next_index = _adding_time(it._next_index, cur, 0)
 
         def fetch(index: Any) -> Any:
             t = now()
@@ -278,31 +283,10 @@ class Pipeline:
         """num_workers > 0: the main process samples, sends the indices and
         waits; the workers make the batches (WorkerLoop times them)."""
         cur = [0.0, 0.0, 0.0]  # sampler, wait, sending indices (sampler included)
-        orig_index = it._next_index
-        orig_get = it._get_data
-        orig_put = it._try_put_index
         orig_data = it._next_data
-
-        def _next_index() -> Any:
-            t = now()
-            try:
-                return orig_index()
-            finally:
-                cur[0] += now() - t
-
-        def _get_data() -> Any:
-            t = now()
-            try:
-                return orig_get()
-            finally:
-                cur[1] += now() - t
-
-        def _try_put_index() -> Any:
-            t = now()
-            try:
-                return orig_put()
-            finally:
-                cur[2] += now() - t
+        _next_index = _adding_time(it._next_index, cur, 0)
+        _get_data = _adding_time(it._get_data, cur, 1)
+        _try_put_index = _adding_time(it._try_put_index, cur, 2)
 
         def timed() -> tuple[Any, float, float, tuple[float, ...]]:
             cur[0] = cur[1] = cur[2] = 0.0
@@ -509,19 +493,6 @@ def _timed_collate(collate: Callable[[Any], Any], recorder: _Recorder) -> Callab
     return collate_fn
 
 
-def _without_own_frames(tb: Any) -> Any:
-    """`tb` less this file's frames (the collate's timing wrapper)."""
-    kept = []
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename != __file__:
-            kept.append(tb)
-        tb = tb.tb_next
-    rebuilt = None
-    for entry in reversed(kept):
-        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return rebuilt
-
-
 def _clean_exception_wrapper(worker: Any) -> None:
     """In this worker process, torch's loop wraps an exception of the
     dataset or the collate as an ExceptionWrapper, the traceback formatted
@@ -533,7 +504,7 @@ def _clean_exception_wrapper(worker: Any) -> None:
         if exc_info is None:
             exc_info = sys.exc_info()
         try:
-            exc_info = (exc_info[0], exc_info[1], _without_own_frames(exc_info[2]))
+            exc_info = (exc_info[0], exc_info[1], without_wrapper_frames(exc_info[2]))
         except Exception:
             pass
         return wrapper(exc_info, where)
