@@ -347,6 +347,7 @@ def test_problem_when_no_step_ran() -> None:
 def test_no_problem_for_a_normal_run() -> None:
     report = build_report(make_run([make_rank(_training_rows(20))]))
     assert report.problem is None and report.problems == []
+    assert not report.title.forward_only
     assert report.ranks is None  # one rank: no multi-rank table
 
 

@@ -74,6 +74,9 @@ def test_a_parent_that_only_tests_while_its_children_train_gets_no_advice(
     [row] = [e for e in report.extras if e.name == "Child processes"]
     assert row.calls == 2 and "train: 2 processes (pid 101, 102), 80 optimizer steps" in row.detail
     assert any(n.startswith("this process did not train") for n in report.notes)
+    [steps] = [t for label, t in report.title.entries() if label == "Steps"]
+    assert steps.endswith("forward passes only (no backward, no optimizer step): an inference "
+                          "or evaluation loop")
     assert report.advice == []
     # The same steps without children that trained: the advice stands.
     alone = build_report(make_run([make_rank(rows)], run_dir=str(tmp_path / "none")), warmup=1)

@@ -108,10 +108,12 @@ def test_a_window_on_two_ranks_leaves_their_statistics_as_they_were(
     assert windowed["title"]["window_parts"] == [1, 5, 2], windowed["title"]
     assert not any(a["kind"] == "slow-rank" for a in windowed["advice"]), windowed["advice"]
     # The Perf Summary as without the window, within the noise of two runs
-    # on a shared machine: the wait, counted, made the mean 10 times it.
-    for stat in ("avg", "median"):
-        ratio = windowed["perf"]["batch_cost"][stat] / plain["perf"]["batch_cost"][stat]
-        assert 0.5 < ratio < 2, (stat, ratio)
+    # on a shared machine (2 ms steps: a loaded machine moved the median by
+    # a factor of 2 between runs): the wait, counted, made the mean 12
+    # times the run's without a window.
+    ratio = {stat: windowed["perf"]["batch_cost"][stat] / plain["perf"]["batch_cost"][stat]
+             for stat in ("avg", "median")}
+    assert ratio["avg"] < 3 and 1 / 3 < ratio["median"] < 3, ratio
     for rank in windowed["ranks"]["rows"]:
         assert rank["counted"], rank
 

@@ -225,10 +225,13 @@ def test_lbfgs_closure_steps(run_perfrun: RunPerfrun) -> None:
 def test_inference_loop(run_perfrun: RunPerfrun) -> None:
     """An inference script has no training to tell evaluation apart from:
     its no_grad loop is the measured loop, one step per batch."""
-    rank = check_run(run_perfrun(INFER, "--samples", "40", "--batch", "8"), 5)
+    run = run_perfrun(INFER, "--samples", "40", "--batch", "8")
+    rank = check_run(run, 5)
     assert [calls(r) for r in rank.rows] == [(1, 1, 0, 0)] * 5
     assert rank.column("samples") == [8] * 5
     assert rank.data["extra"]["eval"]["calls"] == 0
+    # Said for what it is: no training was seen.
+    assert run.report()["title"]["forward_only"] is True
 
 
 def test_validation_pass_is_not_a_step(run_perfrun: RunPerfrun) -> None:

@@ -12,6 +12,7 @@ JSON, the Markdown and the page cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -104,6 +105,9 @@ class Title:
     # The counted steps left out for the window: the profiler's warm-up
     # step before it, its own, the settling steps after it (selection.py).
     window_parts: tuple[int, int, int] = (0, 0, 0)
+    # The counted steps ran forward passes and no backward, no optimizer
+    # step: an inference or evaluation loop, not training.
+    forward_only: bool = False
 
     def entries(self) -> list[tuple[str, str]]:
         """The title as (label, sentence) pairs, shared by every renderer
@@ -118,10 +122,12 @@ class Title:
         if self.rank is not None and self.steps_recorded:
             how = "default; --warmup N to change" if self.warmup_default else "as set"
             warm = f"first {steps_phrase(self.warmup)}" if self.warmup else "none"
+            what = ("; forward passes only (no backward, no optimizer step): an inference "
+                    "or evaluation loop" if self.forward_only else "")
             out.append((
                 "Steps",
                 f"{self.steps_counted} counted of {self.steps_recorded} recorded; "
-                f"warm-up left out: {warm} ({how})",
+                f"warm-up left out: {warm} ({how}){what}",
             ))
         if self.window is not None:
             out.append(("Window", self._window_sentence()))
@@ -171,6 +177,7 @@ class Title:
             "window_excluded": self.window_excluded,
             "window_steps": self.window_steps,
             "window_parts": list(self.window_parts),
+            "forward_only": self.forward_only,
         }
 
 
@@ -490,6 +497,9 @@ def build_report(
             )
         if forward_unseen(report.model):
             report.notes.append(forward_unseen_note(report.model))
+        calls = {r.name: r.calls or 0 for r in report.model.rows}
+        if calls.get("Forward") and not calls.get("Backward") and not calls.get("Optimization"):
+            report.title = dataclasses.replace(report.title, forward_only=True)
         report.flops = _flops(ref, ranks, table, settings, report)
         if report.model.overshoot_steps:
             report.notes.append(
