@@ -227,6 +227,10 @@ def check_evaluation_outside_steps(stack: Stack, runs: StackRuns) -> None:
             "batches": counts["eval_batches"],
             "calls": counts["eval_passes"],
         }, (name, evaluation)
+        # Each step counts the batches it trained on, also where the loader
+        # fetches one batch ahead (accelerate, HF Trainer).
+        per_step = {row[COL["samples"]] for row in rank.rows}
+        assert per_step == {counts["train_batch_size"] * counts["accumulation"]}, (name, per_step)
 
 
 # -- e. a window changes neither the Reader Ratio nor the advice ------------------------

@@ -83,15 +83,17 @@ class Script:
     def step(self, seconds: float, ident: object = OPTIM) -> None:
         self.call(OPT, seconds, ident)
 
-    def fetch(self, seconds: float, grad: bool = True, samples: int = 0) -> None:
-        """DataLoader.__next__ returning a batch of `samples`."""
-        self.call(DATA, seconds, None, grad)
+    def fetch(self, seconds: float, grad: bool = True, samples: int = 0,
+              it: object = None) -> None:
+        """DataLoader.__next__ returning a batch of `samples` (from iterator
+        `it`: the hooks name it by its id)."""
+        self.call(DATA, seconds, it, grad)
         if samples and self.tracker.open and self.clock.depth() == 0:
             self.tracker.add_samples(samples)
 
-    def exhausted(self, seconds: float, grad: bool = True) -> None:
+    def exhausted(self, seconds: float, grad: bool = True, it: object = None) -> None:
         """DataLoader.__next__ raising StopIteration after `seconds`."""
-        self.clock.enter(DATA, grad, None)
+        self.clock.enter(DATA, grad, it)
         self.run(seconds)
         t1 = self.now
         top = self.clock.depth() == 1
@@ -1227,3 +1229,56 @@ def test_a_gan_on_one_batch_is_split_only_where_an_optimizer_repeats() -> None:
     assert_contiguous(rows)
     assert [r[COL["optimization_calls"]] for r in rows] == [4] * 6
     assert [r[COL["samples"]] for r in rows] == [64] * 6
+
+
+# -- one-ahead prefetch -----------------------------------------------------------------
+
+
+def prefetching_epoch(s: Script, it: str, batches: int, accumulate: int) -> None:
+    """accelerate's DataLoaderShard: fetch batch 0 and batch 1, yield batch
+    0; then each yield fetches the next batch first; the last batch is
+    yielded after the fetch that ends the data. `accumulate` micro-batches
+    (forward 2, backward 3) per optimizer step (2)."""
+    s.new_iterator(1)
+    s.fetch(1, samples=8, it=it)
+    for i in range(batches):
+        if i + 1 < batches:
+            s.fetch(1, samples=8, it=it)
+        else:
+            s.exhausted(1, it=it)
+        s.forward(2)
+        s.backward(3)
+        if (i + 1) % accumulate == 0:
+            s.step(2)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_one_ahead_prefetch_counts_each_batch_in_the_step_that_trains_on_it(
+    accumulate: int,
+) -> None:
+    s = Script()
+    prefetching_epoch(s, "epoch0", 6, accumulate)
+    prefetching_epoch(s, "epoch1", 6, accumulate)
+    rows = s.finish()
+    assert len(rows) == 2 * 6 // accumulate
+    assert [r[COL["samples"]] for r in rows] == [8 * accumulate] * len(rows)
+    # The fetches' calls stay where they ran: the epoch's first step
+    # fetched one batch ahead, its last one fewer.
+    calls = [r[COL["dataloader_calls"]] for r in rows]
+    per_epoch = 6 // accumulate
+    assert calls[0] == accumulate + 1 and calls[per_epoch - 1] == accumulate - 1
+    assert sum(calls) == 2 * 6
+
+
+def test_zipped_loaders_are_no_prefetch() -> None:
+    # Two loaders fetched back to back every step: two iterators, each
+    # batch trained on in the step that fetched it.
+    s = Script()
+    for _ in range(4):
+        s.fetch(1, samples=8, it="images")
+        s.fetch(1, samples=4, it="labels")
+        s.forward(2)
+        s.backward(3)
+        s.step(2)
+    rows = s.finish()
+    assert [r[COL["samples"]] for r in rows] == [12] * 4

@@ -447,7 +447,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             state.block += 1
             try:
                 t = t_enter = now()
-                clock.record((ENTER, DATA, is_grad_enabled(), None, t))
+                clock.record((ENTER, DATA, is_grad_enabled(), id(self), t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:

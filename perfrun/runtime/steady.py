@@ -290,6 +290,9 @@ class SteadyReplay:
         tracker.start = t
         if kind == DATA:
             tracker.fetch_start = t
+            tracker.fetch_ident = tracker.prev_data = pattern.lead[3]
+        else:
+            tracker.prev_data = None
         tracker.opened += m
         self.clock.stack[0] = [kind, t, 0.0, False]
         self.lead_t = t

@@ -60,6 +60,14 @@ The rules (documented in the README):
   of its own only when it too repeated), and from then on the event that
   began the second cycle leads a step as a fetch does. Each such step
   counts the last batch's samples again: it trained on them.
+* One-ahead prefetch: accelerate's and HF Trainer's loaders fetch batch
+  k+1 before yielding batch k, so an epoch's first step fetches twice and
+  its last not at all. An iterator seen fetching twice in a row (no other
+  event between, the same iterator) fetches ahead: from then on each of
+  its batches' samples count in the step after the one that fetched it
+  (the step that trains on it), and its last batch's, when it is
+  exhausted, in the step that goes on or the next. The fetches' time and
+  calls stay where they ran: the wait was there.
 * The last step ends where it closed (its optimizer step) if no leading
   event follows; a step that never closed is incomplete and dropped. A call
   that raised closes nothing, so a run that dies inside `optimizer.step`
@@ -176,6 +184,17 @@ class StepTracker:
         self.closes: list[list] = []
         # Samples of the last training batch fetched.
         self.batch_samples = 0
+        # One-ahead prefetch (accelerate's and HF Trainer's loaders fetch
+        # batch k+1 before the step that consumes batch k): the iterators
+        # seen fetching twice in a row, each with the samples it fetched
+        # ahead, which belong to the step that consumes them; the samples
+        # of an exhausted iterator's last batch, for the step that follows;
+        # the iterator of the last top-level fetch, and of the event before
+        # this one if it was a fetch.
+        self.ahead: dict[object, int] = {}
+        self.orphan = 0
+        self.fetch_ident: object = None
+        self.prev_data: object = None
         self.close_t = 0.0
         self.excl_at_close = 0.0
         self.acc_at_close = [0.0, 0.0, 0.0, 0.0]
@@ -271,6 +290,7 @@ class StepTracker:
             self.fetch_open, self.eval_open, self.eval_held, self.eval_sure, self.in_pass,
             self.excl, self.samples, self.fixed_samples, tuple(self.acc), tuple(self.calls),
             len(self.fetches), self.lead_kind, self.lead_ident,
+            self.orphan, self.ahead.get(self.fetch_ident),
         )
 
     def is_eval(self, kind: int, grad: bool) -> bool:
@@ -294,6 +314,7 @@ class StepTracker:
         ):
             self.fetch_open = False
             if kind == DATA:
+                self.fetch_ident = self.prev_data = ident
                 if self.eval_open:
                     self._span_is_sure()  # a fetch after the forward
                     if self.fetches:
@@ -301,6 +322,7 @@ class StepTracker:
                 if not self.eval_open:
                     self._open_eval(t, True)
             else:
+                self.prev_data = None
                 if not self.eval_open:
                     start = self.fetches[0][0] if self.fetches else t
                     self._open_eval(start, not self.open or self.closed)
@@ -323,7 +345,11 @@ class StepTracker:
         if kind == DATA:
             self.train_data_seen = True
             self.fetch_start = t
+            if ident is not None and self.prev_data == ident and ident not in self.ahead:
+                self._fetches_ahead(ident)
+            self.fetch_ident = self.prev_data = ident
         else:
+            self.prev_data = None
             if kind == OPT:
                 self.opt_ident = ident
             # Anything but another fetch consumed the batches as training.
@@ -416,9 +442,14 @@ class StepTracker:
         counted as training (`fetches`) adds its samples, and takes them back
         if an evaluation forward turns out to consume it."""
         if self.open and self.fetches:
+            self.batch_samples = n
+            ahead = self.ahead
+            if ahead and self.fetch_ident in ahead:
+                # Fetched ahead: this batch is the next step's; the one
+                # fetched before it is this step's.
+                n, ahead[self.fetch_ident] = ahead[self.fetch_ident], n
             self.samples += n
             self.fetches[-1][2] += n
-            self.batch_samples = n
 
     def own_work(self, t0: float, t1: float) -> None:
         """perfrun's own work ran from t0 to t1 at a step boundary (the
@@ -449,6 +480,9 @@ class StepTracker:
         it was no batch. Undo what its start did and end the loop body's step."""
         self.stop_calls += 1
         self.stop_time += t1 - t0
+        # The batch an exhausted iterator fetched ahead is still to be
+        # trained on: by the open step if it goes on, else by the next.
+        pending = self.ahead.pop(self.fetch_ident, 0) if self.ahead else 0
         if is_eval or self.eval_held:
             # The end of an evaluation loader (fetched with gradients on or
             # off): part of the pass.
@@ -458,6 +492,7 @@ class StepTracker:
                 self._span_is_sure()
             return
         if not self.open:
+            self.orphan += pending
             return
         # (`t0` may be later than the step's start when perfrun's own work
         # ran at that edge: see own_work.)
@@ -465,13 +500,16 @@ class StepTracker:
             # This very fetch opened the step (and ended the previous one at
             # t0, which is right: the loop body ended when it asked for more).
             self.open = False
+            self.orphan += pending
             if self.on_end is not None:
                 self.on_end(self.committed, t0, False)
             return
         if self.closed:
             self._commit(t0, self.excl)
             self.open = False
+            self.orphan += pending
             return
+        self.samples += pending
         self.excl += t1 - t0
 
     def finish(self, t: float) -> None:
@@ -575,11 +613,23 @@ class StepTracker:
         self.first_ident = ident
         self.closes = []
         self._reset_accumulators()
+        if self.orphan:
+            self.samples, self.orphan = self.orphan, 0
         if self.on_begin is not None:
             self.on_begin(self.committed, t)
 
     def _commit(self, end: float, excl: float) -> None:
         self._write(self.start, end, self.acc, self.calls, self.samples, excl)
+
+    def _fetches_ahead(self, ident: object) -> None:
+        """Iterator `ident` fetched twice in a row: it fetches one batch
+        ahead of the loop (see the rules). Its next batch's samples wait
+        for the step that consumes them. Iterators left unexhausted are
+        forgotten past a few."""
+        ahead = self.ahead
+        if len(ahead) >= 8:
+            del ahead[next(iter(ahead))]
+        ahead[ident] = 0
 
     def _split(self, i: int) -> None:
         """The optimizer of close `i` of the open step steps again after the
