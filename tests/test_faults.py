@@ -289,7 +289,8 @@ def test_rank_sigkilled_under_torchrun_keeps_its_steps(tmp_path: Path) -> None:
     killed = rank_data(run_dir, 1)
     assert killed["status"] == "running"  # no final write, only flushes
     assert len(killed["steps"]["rows"]) == 4
-    assert len(re.findall(r"^rank 1 step \d done$", result.stdout, flags=re.M)) == 4
+    # Both ranks print to one stdout: a line may hold the other's too.
+    assert len(re.findall(r"rank 1 step \d done", result.stdout)) == 4
     fine = rank_data(run_dir, 0)
     assert fine["status"] == "finished"
     assert fine["exit"] == {"exception": None, "signal": None}
