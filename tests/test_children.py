@@ -45,7 +45,7 @@ def test_a_target_counts_the_optimizer_steps_it_takes(tmp_path: Path) -> None:
             opt.step()
         return "done"
 
-    wrapped = children.ChildTarget(train, str(tmp_path), "rank0", 0.0, 0.0)
+    wrapped = children.ChildTarget(train, str(tmp_path), "rank0", 0.0)
     assert wrapped(7) == "done"
     [doc], bad = childfile.read_children(str(tmp_path), "rank0")
     assert bad == 0 and doc["optimizer_steps"] == 7 and doc["status"] == "finished"

@@ -497,8 +497,7 @@ def build_report(
             )
         if forward_unseen(report.model):
             report.notes.append(forward_unseen_note(report.model))
-        calls = {r.name: r.calls or 0 for r in report.model.rows}
-        if calls.get("Forward") and not calls.get("Backward") and not calls.get("Optimization"):
+        if report.model.calls().get("Forward") and not report.model.trained:
             report.title = dataclasses.replace(report.title, forward_only=True)
         report.flops = _flops(ref, ranks, table, settings, report)
         if report.model.overshoot_steps:
@@ -567,10 +566,7 @@ def _children(run_dir: str, ref: RankResult) -> Optional[tuple[ExtraRow, int]]:
 def _trained_in_children(report: Report, child_steps: int) -> Optional[str]:
     """The note for a rank that did not train while the processes it
     started did (Hogwild: children train, the parent tests), or None."""
-    if not child_steps or report.model is None:
-        return None
-    calls = {r.name: r.calls or 0 for r in report.model.rows}
-    if calls.get("Backward", 0) or calls.get("Optimization", 0):
+    if not child_steps or report.model is None or report.model.trained:
         return None
     return ("this process did not train (no backward, no optimizer step in its steps): the "
             "training ran in the processes it started (Child processes, under Outside the "

@@ -179,6 +179,16 @@ class ModelSummary:
                 return r
         raise KeyError(name)
 
+    def calls(self) -> dict[str, int]:
+        """Each row's calls by name (0 where none were counted)."""
+        return {r.name: r.calls or 0 for r in self.rows}
+
+    @property
+    def trained(self) -> bool:
+        """A backward or an optimizer step ran in the steps."""
+        calls = self.calls()
+        return bool(calls.get("Backward") or calls.get("Optimization"))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
@@ -216,9 +226,9 @@ def forward_unseen(model: Optional[ModelSummary]) -> bool:
     if model is None or not model.steps:
         return False
     rows = {row.name: row for row in model.rows}
-    calls = {name: row.calls or 0 for name, row in rows.items()}
+    calls = model.calls()
     if calls.get("Forward", 0) == 0:
-        return calls.get("Backward", 0) > 0 or calls.get("Optimization", 0) > 0
+        return model.trained
     forward, backward = rows.get("Forward"), rows.get("Backward")
     return (forward is not None and backward is not None and calls.get("Backward", 0) > 0
             and forward.cpu.avg < FORWARD_HIDDEN * backward.cpu.avg)

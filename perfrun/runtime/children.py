@@ -45,13 +45,12 @@ class ChildTarget:
     (pickled by reference, as it was) and where to write."""
 
     def __init__(self, target: Callable[..., Any], run_dir: str, stem: str,
-                 origin_wall: float, origin: float) -> None:
+                 origin_wall: float) -> None:
         self.target = target
         self.run_dir = run_dir
         self.stem = stem
-        # The rank's clock: its perf_counter origin, and the wall time then.
+        # The wall time of the rank's start: `started` is since then.
         self.origin_wall = origin_wall
-        self.origin = origin
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         steps = [0]
@@ -105,11 +104,3 @@ def is_scripts(target: Any, script_dir: str) -> bool:
     if not path or not script_dir:
         return False
     return os.path.dirname(os.path.abspath(path)) == script_dir
-
-
-def perfrun_importable() -> bool:
-    """Whether a child with this process's sys.path can import perfrun, as
-    a spawned child must to unpickle ChildTarget."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(childfile.__file__)))
-    root = os.path.dirname(here)
-    return any(os.path.abspath(p or ".") == root for p in sys.path)

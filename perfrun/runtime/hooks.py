@@ -577,7 +577,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                     if method == "fork" or not agent.payload.get("package_root_used"):
                         self._target = children.ChildTarget(
                             target, agent.run_dir, rank_stem(agent.rank, agent.restart),
-                            agent.t0_unix, agent.t0)
+                            agent.t0_unix)
                     note_once(process_note(children.target_name(target)))
                 elif target is None and type(self).run is not mp_process.BaseProcess.run:
                     note_once(process_note(type(self).__qualname__ + ".run"))

@@ -96,6 +96,9 @@ _CLOSERS = {
     "dataloader": (DATA,),
 }
 
+#: The first field of a close that no optimizer step made.
+_NOT_OPT = object()
+
 StepCallback = Callable[[int, float], None]
 # (names): the last len(names) top-level phases of the open step are now
 # these ("Dataloader", "Forward", "Eval").
@@ -178,9 +181,11 @@ class StepTracker:
         self.lead_kind = -1
         self.lead_ident: object = None
         self.opt_ident: object = None
-        # The open step's closes: [optimizer, close time, excluded, phase
-        # times, calls, samples, then the first top-level event after it:
-        # its time, kind, object (None until it comes)].
+        # The open step's closes, each [the optimizer (_NOT_OPT for another
+        # closing event), close time, excluded, phase times, calls, samples,
+        # then the first top-level event after it: its time, kind, object
+        # (None until it comes)]. The last one is where the step ends when
+        # nothing leads after it.
         self.closes: list[list] = []
         # Samples of the last training batch fetched.
         self.batch_samples = 0
@@ -195,11 +200,6 @@ class StepTracker:
         self.orphan = 0
         self.fetch_ident: object = None
         self.prev_data: object = None
-        self.close_t = 0.0
-        self.excl_at_close = 0.0
-        self.acc_at_close = [0.0, 0.0, 0.0, 0.0]
-        self.calls_at_close = [0, 0, 0, 0]
-        self.samples_at_close = 0
         self._reset_accumulators()
         # Evaluation spans.
         self.eval_open = False
@@ -371,8 +371,8 @@ class StepTracker:
                     # A cycle on the batch fetched before: its samples again.
                     self.samples = self.batch_samples
             elif self.closed:
-                last = self.closes[-1] if self.closes else None
-                if last is not None and last[6] is None:
+                last = self.closes[-1]
+                if last[6] is None:
                     last[6] = t
                     last[7] = kind
                     last[8] = ident
@@ -417,7 +417,8 @@ class StepTracker:
             if step_on == "auto"
             else kind in _CLOSERS[step_on]
         ):
-            if kind == OPT and step_on != "forward" and step_on != "backward":
+            opt = _NOT_OPT
+            if kind == OPT:
                 opt = self.opt_ident
                 closes = self.closes
                 for i in range(len(closes) - 1, -1, -1):
@@ -425,16 +426,11 @@ class StepTracker:
                         if closes[i][6] is not None:
                             self._split(i)
                         break
-                self.closes.append([opt, t, self.excl, self.acc[:], self.calls[:],
-                                    self.samples, None, -1, None])
-            self.closed = True
-            self.close_t = t
-            self.excl_at_close = self.excl
             # If nothing leads after this, the step ends here: what comes
             # after (a trailing zero_grad) is outside it.
-            self.acc_at_close = self.acc[:]
-            self.calls_at_close = self.calls[:]
-            self.samples_at_close = self.samples
+            self.closes.append([opt, t, self.excl, self.acc[:], self.calls[:], self.samples,
+                                None, -1, None])
+            self.closed = True
 
     def add_samples(self, n: int) -> None:
         """The top-level fetch that just ended returned `n` samples. A batch
@@ -517,10 +513,8 @@ class StepTracker:
         if self.eval_open:
             self._close_eval()
         if self.open and self.closed:
-            self.acc = self.acc_at_close
-            self.calls = self.calls_at_close
-            self.samples = self.samples_at_close
-            self._commit(self.close_t, self.excl_at_close)
+            _opt, close_t, excl, self.acc, self.calls, self.samples = self.closes[-1][:6]
+            self._commit(close_t, excl)
         self.open = False
 
     # -- internals ------------------------------------------------------------
