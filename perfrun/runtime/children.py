@@ -104,3 +104,43 @@ def is_scripts(target: Any, script_dir: str) -> bool:
     if not path or not script_dir:
         return False
     return os.path.dirname(os.path.abspath(path)) == script_dir
+
+
+def spawn_note(fn: Any, nprocs: Any, script: str) -> str:
+    """What the report says of `torch.multiprocessing.start_processes(fn,
+    nprocs=...)` (and `spawn`, which calls it): the DDP tutorials' launcher.
+    perfrun profiles the process it starts, or each rank torchrun starts:
+    every child's environment loses perfrun's variables, or each DataLoader
+    worker would be a rank. A run that trains only in such children would
+    say "no training loop was seen" and not why."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return (
+        f"the script started {nprocs} process(es) with torch.multiprocessing ({name}): "
+        "perfrun profiles the process it starts (or each rank torchrun starts), not "
+        "processes the script spawns, so what they ran is not in these results; to "
+        f"profile each of them, start them with torchrun: perfrun --nproc-per-node "
+        f"{nprocs} {script or 'SCRIPT'}, the script taking its rank from the RANK and "
+        "WORLD_SIZE environment variables"
+    )
+
+
+def process_note(target: str) -> str:
+    """What the report says of a process the script starts with
+    `multiprocessing.Process` (Hogwild): perfrun profiles the processes it
+    launches, not theirs (the module's docstring says why); what they trained is
+    counted and reported beside it."""
+    return (
+        f"the script started processes of its own with multiprocessing ({target}): perfrun "
+        "profiles the process it starts (or each rank torchrun starts), not processes the "
+        "script starts, so their steps are not in these tables; what they trained is listed "
+        "under Child processes"
+    )
+
+
+def start_method() -> str:
+    """The start method a Process without one of its own uses."""
+    import multiprocessing
+
+    # (Without allow_none, asking would fix the method for the script.)
+    return (multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0])

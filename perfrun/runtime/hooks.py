@@ -554,7 +554,7 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
         def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 nprocs = kwargs.get("nprocs", args[1] if len(args) > 1 else 1)
-                note_once(spawn_note(fn, nprocs, sys.argv[0] if sys.argv else ""))
+                note_once(children.spawn_note(fn, nprocs, sys.argv[0] if sys.argv else ""))
             except Exception as exc:
                 fault("multiprocessing.start_processes", exc)
             return orig_start(fn, *args, **kwargs)
@@ -571,16 +571,16 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
             try:
                 target = getattr(self, "_target", None)
                 if target is not None and children.is_scripts(target, script_dir):
-                    method = self._start_method or mp_context_method()
+                    method = self._start_method or children.start_method()
                     # A spawned child unpickles the wrapper: only where it
                     # can import perfrun as this process did.
                     if method == "fork" or not agent.payload.get("package_root_used"):
                         self._target = children.ChildTarget(
                             target, agent.run_dir, rank_stem(agent.rank, agent.restart),
                             agent.t0_unix)
-                    note_once(process_note(children.target_name(target)))
+                    note_once(children.process_note(children.target_name(target)))
                 elif target is None and type(self).run is not mp_process.BaseProcess.run:
-                    note_once(process_note(type(self).__qualname__ + ".run"))
+                    note_once(children.process_note(type(self).__qualname__ + ".run"))
             except Exception as exc:
                 fault("multiprocessing.Process", exc)
             return orig_start(self)
@@ -779,46 +779,6 @@ class RootFinder:
             if kept is not None and getattr(kept, "unpatched_nn_module_call", None) is old:
                 kept.unpatched_nn_module_call = new
         return True
-
-
-def spawn_note(fn: Any, nprocs: Any, script: str) -> str:
-    """What the report says of `torch.multiprocessing.start_processes(fn,
-    nprocs=...)` (and `spawn`, which calls it): the DDP tutorials' launcher.
-    perfrun profiles the process it starts, or each rank torchrun starts:
-    every child's environment loses perfrun's variables, or each DataLoader
-    worker would be a rank. A run that trains only in such children would
-    say "no training loop was seen" and not why."""
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    return (
-        f"the script started {nprocs} process(es) with torch.multiprocessing ({name}): "
-        "perfrun profiles the process it starts (or each rank torchrun starts), not "
-        "processes the script spawns, so what they ran is not in these results; to "
-        f"profile each of them, start them with torchrun: perfrun --nproc-per-node "
-        f"{nprocs} {script or 'SCRIPT'}, the script taking its rank from the RANK and "
-        "WORLD_SIZE environment variables"
-    )
-
-
-def process_note(target: str) -> str:
-    """What the report says of a process the script starts with
-    `multiprocessing.Process` (Hogwild): perfrun profiles the processes it
-    launches, not theirs (children.py says why); what they trained is
-    counted and reported beside it."""
-    return (
-        f"the script started processes of its own with multiprocessing ({target}): perfrun "
-        "profiles the process it starts (or each rank torchrun starts), not processes the "
-        "script starts, so their steps are not in these tables; what they trained is listed "
-        "under Child processes"
-    )
-
-
-def mp_context_method() -> str:
-    """The start method a Process without one of its own uses."""
-    import multiprocessing
-
-    # (Without allow_none, asking would fix the method for the script.)
-    return (multiprocessing.get_start_method(allow_none=True)
-            or multiprocessing.get_all_start_methods()[0])
 
 
 def thread_note(thread: str) -> str:
