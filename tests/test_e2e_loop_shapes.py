@@ -162,3 +162,47 @@ def test_sparse_matmuls_are_counted_by_their_non_zeros(run_perfrun: RunPerfrun) 
     assert flops["ProfileStep"] == printed(run.out, "GCN_FLOPS")
     assert printed(run.out, "GCN_DENSE_FLOPS") > 3 * flops["ProfileStep"]
     assert any("sparse operand counted by its non-zeros" in n for n in report["flops"]["notes"])
+
+
+# -- a window over a loop that evaluates every step ---------------------------------------
+
+FULL_BATCH = str(SCRIPTS / "gcn_fullbatch.py")
+
+
+def test_the_window_leaves_evaluation_out_as_the_step_tables_do(run_perfrun: RunPerfrun) -> None:
+    """PyG's full-batch loop: one optimizer step an epoch, then `test()`
+    under `@torch.no_grad()` with two validation forwards. The window's
+    tables hold the training only, as the step rows do: before, the
+    Overview's ProfileStep held the evaluation (259.7 ms over 5 steps
+    against 175.7 in the window's Model Summary), and the Module Summary
+    counted 15 calls of the model in 5 steps."""
+    run = run_perfrun("--scheduler", "10", "15", FULL_BATCH, "--epochs", "24")
+    report = finished(run)
+    assert printed(run.out, "TRAIN_STEPS") == 24
+    window = report["window"]
+    summary = window["ranks"]["0"]
+    rows = {o["type"]: o for o in summary["overview"]}
+    model = {r["name"]: r for r in window["model"]["rows"]}
+    steps = window["model"]["steps"]
+    assert steps == 5
+    # Within the clocks' difference at each edge (UNTRACED_PER_CALL).
+    for name in ("ProfileStep", "Forward", "Backward", "Optimization"):
+        assert rows[name]["calls"] == model[name]["calls"], name
+        total = model[name]["cpu"]["total"]
+        tolerance = 100e-6 * model[name]["calls"] + 0.01 * total
+        assert rows[name]["time"] == pytest.approx(total, abs=tolerance), name
+    evaluation = summary["evaluation"]
+    assert evaluation["passes"] == steps
+    assert evaluation["operator_calls"] > 0
+    modules = {m["name"]: m for m in summary["modules"]["modules"]}
+    assert (modules["GCN"]["calls"], modules["GCN"]["eval_calls"]) == (steps, 2 * steps)
+    # The validation's argmax runs between its two forwards, in the pass.
+    ops = {o["name"]: o for o in summary["operators"]}
+    assert ops.get("aten::argmax", {"calls": 0})["calls"] <= steps
+    from perfrun.analysis.report import build_report
+    from perfrun.api import render
+
+    text = render(build_report(run.results()))
+    assert "evaluation: 5 passes in the window" in text
+    evaluated = sum(m["eval_calls"] for m in modules.values())
+    assert f"{evaluated} module calls in evaluation passes left out" in text

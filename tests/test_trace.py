@@ -725,6 +725,120 @@ def test_overview_phase_time_excludes_phases_nested_in_it() -> None:
     assert "Closure" not in rows
 
 
+# -- evaluation passes: out of every window table, as out of the step rows -----------
+
+
+def full_batch_steps_with_evaluation() -> list[dict[str, Any]]:
+    """Two steps of a full-batch loop (PyG's examples): zero_grad, forward,
+    backward, step, then `test()` under no_grad: two validation forwards
+    with an argmax after each, and the accuracy's sum after the last."""
+    events = []
+    for k, t in enumerate((0.0, 1000.0)):
+        events += [
+            ann(f"perfrun: ProfileStep#{k + 10}", t, t + 1000),
+            ann("perfrun: Optimization", t + 10, t + 20),
+            ann("perfrun: Forward", t + 20, t + 220),
+            op("aten::mm", t + 30, t + 200),
+            ann("perfrun: Backward", t + 230, t + 430),
+            op("aten::mm", t + 240, t + 420),
+            ann("perfrun: Optimization", t + 440, t + 480),
+            # Evaluation: first forward, its argmax, the second forward.
+            ann("perfrun: Eval", t + 500, t + 600),
+            op("aten::mm", t + 510, t + 590),
+            op("aten::argmax", t + 610, t + 620),
+            ann("perfrun: Eval", t + 630, t + 730),
+            op("aten::mm", t + 640, t + 720),
+            op("aten::argmax", t + 740, t + 750),
+            # The accuracy after the last forward is the step's (Others).
+            op("aten::sum", t + 760, t + 770),
+        ]
+    return events
+
+
+def test_evaluation_passes_are_out_of_every_window_table() -> None:
+    from perfrun.analysis.trace import evaluation_ranges
+    from perfrun.analysis.tracefile import compact
+
+    events = full_batch_steps_with_evaluation()
+    # One pass per step, from the first Eval range to the end of the last.
+    assert evaluation_ranges(compact(events)) == [(T0 + 500, T0 + 730), (T0 + 1500, T0 + 1730)]
+    s = summarize(events, 2)
+    rows = overview(s)
+    # The step rows count 1000 - 230 µs a step: the window's ProfileStep too.
+    assert rows["ProfileStep"]["time"] == pytest.approx(2 * 770 * US)
+    assert s["window_time"] == pytest.approx(2 * 770 * US)
+    assert rows["ProfileStep"]["ratio"] == pytest.approx(1.0)
+    assert s["evaluation"] == {
+        "passes": 2,
+        "time": pytest.approx(2 * 230 * US),
+        "operator_calls": 6,
+        "operator_time": pytest.approx(2 * 170 * US),
+    }
+    ops = by_name(s["operators"])
+    assert ops["aten::mm"]["calls"] == 4  # the training forward and backward, twice
+    assert ops["aten::sum"]["calls"] == 2
+    # The argmax after the first forward is inside the pass; after the
+    # second, the pass has ended (as StepTracker's span ends with its last
+    # evaluation event).
+    assert ops["aten::argmax"]["calls"] == 2
+    assert rows["Operator"]["calls"] == 8
+
+
+def test_an_evaluation_pass_ends_at_a_training_phase_or_a_step_edge() -> None:
+    from perfrun.analysis.trace import evaluation_ranges
+    from perfrun.analysis.tracefile import compact
+
+    events = [
+        ann("perfrun: ProfileStep#1", 0, 100),
+        ann("perfrun: Eval", 10, 20),
+        ann("perfrun: Forward", 25, 30),  # a training phase between: two passes
+        ann("perfrun: Eval", 40, 50),
+        ann("perfrun: Forward", 42, 48),  # nested in the pass: not a training phase
+        ann("perfrun: Eval", 60, 90),
+        ann("perfrun: ProfileStep#2", 100, 200),
+        ann("perfrun: Eval", 110, 120),  # the next step's: a pass of its own
+    ]
+    assert evaluation_ranges(compact(events)) == [
+        (T0 + 10, T0 + 20), (T0 + 40, T0 + 90), (T0 + 110, T0 + 120),
+    ]
+    assert evaluation_ranges(compact(events[:1])) == []
+
+
+def test_module_calls_in_evaluation_passes_are_counted_apart() -> None:
+    from perfrun.analysis.modules import summarize_modules
+
+    events = [
+        ann("perfrun.module: gcn", 20, 220),
+        ann("perfrun.module: gcn.conv1", 30, 120),
+        ann("perfrun.module: gcn", 500, 600),
+        ann("perfrun.module: gcn.conv1", 510, 550),
+        ann("perfrun.module: head", 640, 700),  # only ever called in evaluation
+    ]
+    out = summarize_modules(events, 770 * US, None, [(T0 + 500, T0 + 730)])
+    rows = by_name(out["modules"])
+    assert set(rows) == {"gcn", "gcn.conv1"}
+    assert (rows["gcn"]["calls"], rows["gcn"]["eval_calls"]) == (1, 1)
+    assert rows["gcn"]["forward"] == pytest.approx(200 * US)
+    assert out["eval_calls"] == 3
+
+
+def test_untraced_time_at_phase_edges_is_said_as_such() -> None:
+    from builders import make_rows
+
+    from perfrun.analysis.summary import model_summary
+    from perfrun.analysis.window import untraced
+
+    # Five steps of 10 ms: Forward 3 ms each in the step rows.
+    model = model_summary(make_rows([{"forward": 0.003, "backward": 0.004}] * 5))
+    agree = [{"type": "Forward", "time": 0.015 - 200e-6}, {"type": "Backward", "time": 0.020}]
+    assert untraced(model, agree) == []
+    # 2.1 ms that the trace's Forward ranges do not hold (a gap at an edge).
+    gap = [{"type": "Forward", "time": 0.015 - 2.1e-3}, {"type": "Backward", "time": 0.020}]
+    (line,) = untraced(model, gap)
+    assert line.startswith("Forward: the step table counts 2.100 ms more than the trace's")
+    assert "no trace event" in line
+
+
 def test_rename_phases_follows_the_step_trackers_final_names() -> None:
     from perfrun.runtime.window import rename_phases
 

@@ -4,6 +4,7 @@ Pure and torch-free; times are whatever unit the caller's are."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 
 Interval = tuple[float, float]
@@ -60,3 +61,10 @@ def subtract(interval: Interval, holes: Sequence[Interval]) -> list[Interval]:
     if hi > lo:
         out.append((lo, hi))
     return out
+
+
+def covers(merged: Sequence[Interval], starts: Sequence[float], t: float) -> bool:
+    """Is `t` inside one of the merged, sorted intervals (`starts`: their
+    start times, for the bisection)?"""
+    k = bisect_right(starts, t) - 1
+    return k >= 0 and t < merged[k][1]

@@ -15,6 +15,11 @@ ranges, a module's forward run again inside backward) is part of the
 backward op that triggered it, so it is already in Backward; it is shown
 apart as Recompute and never added to Forward.
 
+Evaluation passes are out of it, as they are out of the step tables: a
+module called inside one of the window's `Eval` ranges (a `torch.no_grad()`
+validation forward) counts that call in `eval_calls`, not in its calls or
+its time.
+
 Repeated blocks are grouped only among siblings of one class, so a
 Sequential of Linear and ReLU layers is not "5 blocks".
 """
@@ -25,6 +30,8 @@ import re
 import statistics
 from collections.abc import Sequence
 from typing import Any, Optional
+
+from .intervals import Interval, covers, merge
 
 MODULE_PREFIX = "perfrun.module: "
 RECOMPUTE_PREFIX = "perfrun.recompute: "
@@ -39,12 +46,19 @@ def pattern(name: str) -> str:
 
 
 def summarize_modules(
-    events: Sequence[dict[str, Any]], step_time: float, tree: Optional[dict[str, Any]] = None
+    events: Sequence[dict[str, Any]],
+    step_time: float,
+    tree: Optional[dict[str, Any]] = None,
+    evaluation: Sequence[Interval] = (),
 ) -> dict[str, Any]:
     """Per module: calls, forward / backward CPU (and GPU) seconds, share of
     the window's step time; plus the repeated blocks grouped. `tree` maps a
-    qualified name to (depth, parent name) as the hooks saw the model."""
+    qualified name to (depth, parent name) as the hooks saw the model;
+    `evaluation`: the window's evaluation passes (trace.evaluation_ranges)."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    passes = merge(evaluation)
+    starts = [a for a, _ in passes]
+    eval_calls: dict[str, int] = {}
     ranges: list[tuple[float, float, str, Any]] = []
     recomputed: dict[str, float] = {}
     recompute_ranges: list[tuple[float, float, str, Any]] = []
@@ -55,13 +69,16 @@ def summarize_modules(
             continue
         if name.startswith(MODULE_PREFIX):
             qual = name[len(MODULE_PREFIX) :]
-            ranges.append((e["ts"], e["ts"] + e["dur"], qual, e.get("tid")))
             order.setdefault(qual, len(order))
+            if passes and covers(passes, starts, e["ts"]):
+                eval_calls[qual] = eval_calls.get(qual, 0) + 1
+                continue
+            ranges.append((e["ts"], e["ts"] + e["dur"], qual, e.get("tid")))
         elif name.startswith(RECOMPUTE_PREFIX):
             qual = name[len(RECOMPUTE_PREFIX) :]
             recomputed[qual] = recomputed.get(qual, 0.0) + e["dur"] / 1e6
             recompute_ranges.append((e["ts"], e["ts"] + e["dur"], qual, e.get("tid")))
-    if not ranges:
+    if not order:
         opaque = [q for q, v in (tree or {}).items()
                   if len(v) > 2 and str(v[2]).endswith("(compiled in place)")]
         return {"recorded": False, "modules": [], "groups": [], "opaque": opaque}
@@ -73,6 +90,7 @@ def summarize_modules(
             "type": _kind(q, tree),
             "shapes": _shapes(q, tree),
             "calls": 0,
+            "eval_calls": eval_calls.get(q, 0),
             "forward": 0.0,
             "backward": 0.0,
             "recompute": recomputed.get(q, 0.0),
@@ -185,13 +203,23 @@ def summarize_modules(
                 if gpu:
                     for q in set(owners):
                         stats[q][key] = (stats[q][key] or 0.0) + gpu
-    rows = sorted(stats.values(), key=lambda r: order[r["name"]])
+    # A module called only in evaluation passes has no row.
+    rows = sorted((r for r in stats.values() if r["calls"]), key=lambda r: order[r["name"]])
+    kept = {r["name"] for r in rows}
+    for r in rows:
+        if r["parent"] in stats and r["parent"] not in kept:
+            r["parent"] = ""
     _roll_up_recompute(rows)
     for r in rows:
         total = r["forward"] + r["backward"]
         r["total"] = total
         r["share"] = total / step_time if step_time > 0 else None
-    return {"recorded": True, "modules": rows, "groups": group_blocks(rows)}
+    evaluated = sum(eval_calls.values())
+    if not rows:
+        return {"recorded": False, "modules": [], "groups": [], "opaque": [],
+                "eval_calls": evaluated}
+    return {"recorded": True, "modules": rows, "groups": group_blocks(rows),
+            "eval_calls": evaluated}
 
 
 def _roll_up_recompute(rows: list[dict[str, Any]]) -> None:

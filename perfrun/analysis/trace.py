@@ -32,6 +32,11 @@ Correctness rules that Paddle's tables break and these keep:
   `aten::_local_scalar_dense` on a CPU tensor makes no CUDA call: no sync.
 * The Distributed table's communication is the GPU's communication kernels
   where there is a GPU, the host's communication ranges only where not.
+* Evaluation passes are out of every table, as they are out of the step
+  rows: a step's range less its `Eval` ranges is its ProfileStep time, the
+  ops, annotations, runtime calls and GPU work begun in an `Eval` range are
+  counted apart (`evaluation`), and ratios are shares of the window's
+  training time (the window less its evaluation).
 * Others never goes negative (it is a clamped difference); ratios with a
   zero denominator are None (printed as "-"), never a division error.
 """
@@ -39,10 +44,11 @@ Correctness rules that Paddle's tables break and these keep:
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
-from .intervals import Interval, clip, intersect, merge, subtract, total
+from .intervals import Interval, clip, covers, intersect, merge, subtract, total
 from .modules import MODULE_PREFIX
 from .tracefile import Event, compact
 
@@ -50,6 +56,7 @@ __all__ = [
     "Interval",
     "clip",
     "display_names",
+    "evaluation_ranges",
     "exclusive_phases",
     "intersect",
     "is_communication",
@@ -66,6 +73,9 @@ PHASE_PREFIX = "perfrun: "
 STEP_PREFIX = "perfrun: ProfileStep#"
 TORCH_STEP_PREFIX = "ProfilerStep#"
 PHASE_TYPES = ("Dataloader", "Forward", "Backward", "Optimization")
+#: An evaluation pass (no gradient, no optimizer step) inside the window:
+#: the step tables leave it out of the steps, and so does every window table.
+EVAL_RANGE = PHASE_PREFIX + "Eval"
 
 CPU_TYPES = ("ProfileStep",) + PHASE_TYPES + ("Operator", "CudaRuntime", "UserDefined")
 GPU_TYPES = ("Kernel", "Memcpy", "Memset", "Communication")
@@ -351,6 +361,37 @@ def _gpu_index(e: Event) -> Any:
     return e.pid if isinstance(e.pid, int) else 0
 
 
+def evaluation_ranges(spans: Iterable[Any]) -> list[Interval]:
+    """The window's evaluation passes as the step tracker excludes them from
+    its steps, merged and sorted: from a pass's first `Eval` range to the
+    end of its last, where no other phase and no step edge comes between
+    (StepTracker's evaluation span: what runs between two validation
+    forwards is evaluation; the accuracy computed after the last one is
+    the step's)."""
+    events = _events(spans if isinstance(spans, list) else list(spans))
+    steps: list[float] = []  # step range starts
+    top: list[tuple[float, float, bool]] = []  # top-level phases: start, end, is eval
+    for e in sorted(
+        (e for e in events if e.cat == "user_annotation" and e.dur is not None
+         and e.name.startswith(PHASE_PREFIX)),
+        key=lambda e: (e.ts, -(e.dur or 0.0)),
+    ):
+        if e.name.startswith(STEP_PREFIX):
+            steps.append(e.ts)
+        elif not top or e.ts >= top[-1][1] - 1e-3:
+            top.append((e.ts, e.end, e.name == EVAL_RANGE))
+    out: list[list[float]] = []
+    joinable = False  # the last top-level phase was evaluation
+    for a, b, is_eval in top:
+        if is_eval:
+            if joinable and bisect_right(steps, out[-1][1]) == bisect_right(steps, a):
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        joinable = is_eval
+    return merge((a, b) for a, b in out)
+
+
 def window_span(
     spans: Sequence[Event],
 ) -> tuple[str, list[Event], float, float]:
@@ -389,6 +430,13 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
     )
     every = source == "trace"  # no steps: the whole trace is the window
 
+    # Evaluation passes: whatever begins in one is counted apart.
+    eval_ivs = evaluation_ranges(spans)
+    eval_starts = [a for a, _ in eval_ivs]
+    eval_ops = 0
+    eval_op_time = 0.0
+    eval_runtime: set[int] = set()
+
     dropped, launched_by = call_trees(spans)
     runtime_by_corr: dict[Any, int] = {}
     op_by_ext: dict[Any, int] = {}
@@ -422,6 +470,10 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
             if torch_steps and name.startswith(TORCH_STEP_PREFIX):
                 step_ivs.append((ts, end))
                 continue
+            if eval_ivs and covers(eval_ivs, eval_starts, ts):
+                eval_ops += 1
+                eval_op_time += e.dur / 1e6
+                continue
             op_ivs.append((ts, end))
             durs = ops.get(name)
             if durs is None:
@@ -447,6 +499,8 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
                 phase_ranges.append(e)
             elif name.startswith(MODULE_PREFIX):
                 pass  # perfrun's own per-module ranges (the Module Summary's)
+            elif eval_ivs and covers(eval_ivs, eval_starts, ts):
+                pass  # the script's own ranges in an evaluation pass
             elif is_communication(name):
                 comm_cpu.append((ts, end))
             elif not name.startswith(_TORCH_ANNOTATIONS):
@@ -456,7 +510,9 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
         else:  # a CUDA runtime or driver call
             if e.corr is not None:
                 runtime_by_corr[e.corr] = i
-            if inside:
+            if eval_ivs and covers(eval_ivs, eval_starts, ts):
+                eval_runtime.add(i)
+            elif inside:
                 runtime_in.append(i)
                 runtime_ivs.append((ts, end))
     calls["ProfileStep"] = len(step_ivs)
@@ -474,6 +530,8 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
             continue
         rt = runtime_by_corr.get(e.corr) if e.corr is not None else None
         if rt is not None:
+            if rt in eval_runtime:
+                continue  # launched by an evaluation pass
             if in_host(spans[rt]):
                 gpu_in.append((e, rt))
         elif every or (e.ts < hi_cpu and e.end > lo):
@@ -483,7 +541,12 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
         lo = min([lo] + [e.ts for e, _ in gpu_in])
         hi = max([hi] + [e.end for e, _ in gpu_in])
     window = hi - lo
-    window_s = window / 1e6
+    # The tables are the window's training: its evaluation passes are out
+    # of every row, and so out of the time the ratios are shares of.
+    eval_s = total(clip(eval_ivs, lo, hi)) / 1e6
+    window_s = (window / 1e6) - eval_s
+    if eval_ivs:
+        step_ivs[:] = [piece for iv in step_ivs for piece in subtract(iv, eval_ivs)]
 
     # GPU side: kernels by full name, copies, per-device busy time, and each
     # op call's GPU time.
@@ -625,6 +688,12 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
         "steps_from": source,
         "step_ids": [step_ids[0], step_ids[-1]] if step_ids else None,
         "window_time": window_s,
+        "evaluation": {
+            "passes": len(clip(eval_ivs, lo, hi)),
+            "time": eval_s,
+            "operator_calls": eval_ops,
+            "operator_time": eval_op_time,
+        },
         "window_gpu_tail": max(0.0, (hi - hi_cpu) / 1e6) if not every else 0.0,
         "overview": overview,
         "gpus": gpus,

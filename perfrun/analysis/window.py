@@ -53,6 +53,47 @@ class RankWindow:
     summary: dict[str, Any]
 
 
+#: How far the trace's time for a phase (its ranges) may be from the step
+#: table's over the same steps before the difference is shown: the two read
+#: their clocks a few statements apart at each edge (perfrun's clock, then
+#: the profiler's range), so each call may differ by that much.
+UNTRACED_PER_CALL = 100e-6
+UNTRACED_RATIO = 0.01
+
+
+def untraced(model: ModelSummary, overview: Sequence[dict[str, Any]]) -> list[str]:
+    """Where the window's Overview (the trace's phase ranges) and its Model
+    Summary (the step rows over the same steps) disagree on a row by more
+    than the clocks' difference: time the step table counts that no trace
+    event covers (the process descheduled, or paused, between perfrun's
+    clock and the profiler's range at an edge). One line per row, said as
+    such rather than left as two numbers that do not agree."""
+    times = {o.get("type"): o for o in overview}
+    out = []
+    for row in model.rows:
+        o = times.get(row.name)
+        if o is None or not row.calls:
+            continue
+        steps_time, trace_time = row.cpu.total, float(o.get("time") or 0.0)
+        gap = steps_time - trace_time
+        if abs(gap) <= max(UNTRACED_PER_CALL * row.calls, UNTRACED_RATIO * steps_time):
+            continue
+        if gap > 0:
+            out.append(
+                f"{row.name}: the step table counts {gap * 1e3:.3f} ms more than the trace's "
+                f"ranges over the same steps ({steps_time * 1e3:.3f} vs {trace_time * 1e3:.3f} "
+                "ms): time with no trace event at the phase's edges (the process was "
+                "descheduled or paused between perfrun's clock and the profiler's range)"
+            )
+        else:
+            out.append(
+                f"{row.name}: the trace's ranges hold {-gap * 1e3:.3f} ms more than the step "
+                f"table over the same steps ({trace_time * 1e3:.3f} vs {steps_time * 1e3:.3f} "
+                "ms): the step table gave that time to a neighbouring phase or to Others"
+            )
+    return out
+
+
 #: The least steps inside the window, and outside it, for the profiler's
 #: overhead to be quoted.
 OVERHEAD_MIN_INSIDE = 3
@@ -179,6 +220,11 @@ def window_report(
             f"in the nsys report, {nsys_report('<R>')} in the run folder (open it in Nsight "
             "Systems, or `nsys stats` it)"
         )
+    if report.model is not None and report.ranks:
+        summary = report.ranks[0].summary if report.ranks[0].rank == ref.rank else None
+        if (summary and summary.get("steps_from", "perfrun") == "perfrun"
+                and summary.get("steps") == report.model.steps):
+            report.notes.extend(untraced(report.model, summary.get("overview") or ()))
     if not report.ranks and n_steps > start:
         report.warnings.append("no window tables: the profiler recorded nothing (see notes)")
     return report

@@ -165,6 +165,9 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
         "backward from each forward op's autograd sequence number; "
         "a module's time includes its submodules'",
     ]
+    if modules.get("eval_calls"):
+        info.append(f"{modules['eval_calls']} module calls in evaluation passes left out "
+                    "(as the step tables leave evaluation out of the steps)")
     if has_recompute:
         info.append("recompute: forwards run again inside backward (activation "
                     "checkpointing), counted in Backward")
@@ -176,6 +179,24 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
         )
     return TableBlock("module", "Module Summary", info, columns, rows, footer=footer,
                       groups=groups)
+
+
+def _evaluation_note(evaluated: dict[str, Any], unit: str, f: float) -> str:
+    """The window's evaluation passes, left out of its tables as the step
+    tables leave them out of the steps."""
+    passes = int(evaluated["passes"])
+    return (
+        f"evaluation: {passes} pass{'es' if passes != 1 else ''} in the window "
+        f"({fmt_num(evaluated.get('time'), 3, f)} {unit}, "
+        f"{int(evaluated.get('operator_calls') or 0)} operator calls) left out of every "
+        "window table, as the step tables leave them out of the steps; ratios are shares "
+        "of the window less them"
+    )
+
+
+def _evaluated_ops(summary: dict[str, Any]) -> list[str]:
+    calls = int((summary.get("evaluation") or {}).get("operator_calls") or 0)
+    return [f"{calls} operator calls in evaluation passes left out"] if calls else []
 
 
 def _share(x: dict[str, Any], key: str, f: float) -> str:
@@ -224,6 +245,9 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
             "time per type is the union of its events (overlaps merged), so no type "
             "exceeds 100%"
         ]
+        evaluated = s.get("evaluation") or {}
+        if evaluated.get("passes"):
+            notes.append(_evaluation_note(evaluated, unit, f))
         gpu_rows = []
         for g in s.get("gpus") or []:
             label = f"GPU {g['device']}"
@@ -308,7 +332,8 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
             TableBlock(
                 "operator",
                 "Operator Summary",
-                [f"sorted by {sort_by}", f"time unit: {unit}", f"{len(ops)} operators"],
+                [f"sorted by {sort_by}", f"time unit: {unit}", f"{len(ops)} operators"]
+                + _evaluated_ops(s),
                 [
                     Column("Name", "left"),
                     Column("Calls"),

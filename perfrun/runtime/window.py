@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..analysis.modules import summarize_modules
-from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, summarize
+from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, evaluation_ranges, summarize
 from ..store import layout
 from ..store.files import atomic_write_text
 from .annotations import as_annotations, range_api
@@ -282,7 +282,8 @@ class ProfilerWindow:
         summary = summarize(events, steps)
         ranges = agent.module_ranges
         summary["modules"] = summarize_modules(
-            events, summary["window_time"], ranges.tree if ranges is not None else None
+            events, summary["window_time"], ranges.tree if ranges is not None else None,
+            evaluation_ranges(events),
         )
         events.extend(_perfrun_track(events))
         path = layout.trace_path(agent.run_dir, stem)

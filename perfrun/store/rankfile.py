@@ -80,7 +80,11 @@ _DIST_SIDE = Obj({
 })
 _WINDOW_SUMMARY = Obj({
     "steps": INT,
+    # The window's training time: its evaluation passes (below) are out of
+    # every table, as they are out of the step rows.
     "window_time": NUMBER,
+    "evaluation": Obj({"passes": INT, "time": NUMBER, "operator_calls": INT,
+                       "operator_time": NUMBER}),
     # The trace file's size, its size before --max-trace-mb cut it, and
     # the steps it kept then.
     "trace_bytes": Opt(INT),
@@ -111,6 +115,7 @@ _WINDOW_SUMMARY = Obj({
     "memory": OBJ,
     "modules": Obj({
         "recorded": BOOL,
+        "eval_calls": INT,
         "modules": ListOf(Obj({
             "name": STR,
             "depth": INT,
@@ -118,6 +123,7 @@ _WINDOW_SUMMARY = Obj({
             "type": STR,
             "shapes": Opt(STR),
             "calls": INT,
+            "eval_calls": INT,
             "forward": Opt(NUMBER),
             "backward": Opt(NUMBER),
             "recompute": Opt(NUMBER),
