@@ -38,6 +38,9 @@ Thresholds (module constants, so tests and readers see one value):
   where it loses the time. Otherwise (ranks that never wait) a rank more than 10% above the
   median rank in the step or in one phase, and by at least 2% of the median
   step (a 50% difference in a phase of 0.1 ms is noise, not a slow rank).
+* Memory creep: a process (a rank, or one of its DataLoader workers) whose
+  resident memory grows steadily over the steady steps, as analysis/memory.py
+  decides; silent on a flat run and on one jump.
 * Unstable timing: coefficient of variation of the counted steps above 0.25,
   or the slowest step more than 3x the median, over at least 5 steps.
 """
@@ -50,6 +53,7 @@ from typing import Any, Callable, Optional
 
 from perfrun.analysis.dataload import cores_for_rank, judge
 from perfrun.analysis.device import DeviceSummary
+from perfrun.analysis.memory import MemorySummary
 from perfrun.analysis.pipeline import PipelineSummary
 from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
 from perfrun.analysis.stats import duration
@@ -81,7 +85,8 @@ MIN_STEPS = 5
 INIT_SHARE = 0.02
 
 #: Stable identifiers of the rules, in the order advice is given.
-KINDS = ("io-bound", "cpu-bound", "gpu-bound", "sync-stall", "slow-rank", "unstable-timing")
+KINDS = ("io-bound", "cpu-bound", "gpu-bound", "sync-stall", "slow-rank", "memory-creep",
+         "unstable-timing")
 
 KIND_TITLES = {
     "io-bound": "I/O-bound",
@@ -89,6 +94,7 @@ KIND_TITLES = {
     "gpu-bound": "GPU-bound",
     "sync-stall": "Synchronisation stalls",
     "slow-rank": "Slow rank",
+    "memory-creep": "Memory creep",
     "unstable-timing": "Unstable timing",
 }
 
@@ -172,6 +178,7 @@ class AdviceInputs:
     window_summary: Optional[Mapping[str, Any]] = None
     window_rank: Optional[int] = None
     pipeline: Optional[PipelineSummary] = None
+    memory: Optional[MemorySummary] = None
 
 
 Rule = Callable[[AdviceInputs], list[Advice]]
@@ -643,6 +650,76 @@ def culprit_advice(verdict: Any, uses_gpu: bool = False) -> list[Advice]:
     return [Advice("slow-rank", message, evidence, (_slow_action(phase, uses_gpu),))]
 
 
+# -- memory creep ----------------------------------------------------------------------------
+
+
+def _size(n: float) -> str:
+    n = float(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def memory_creep(inp: AdviceInputs) -> list[Advice]:
+    """One finding per kind of process whose memory creeps
+    (analysis/memory.py decides): a rank, or a rank's DataLoader workers
+    together (each with its own figures), with the slope, the span and the
+    step at which the line meets the memory the rank may use."""
+    if inp.memory is None:
+        return []
+    groups: dict[tuple[int, str], list[Any]] = {}
+    for p in inp.memory.creeping:
+        groups.setdefault((p.rank, p.kind), []).append(p)
+    out = []
+    for (rank, kind), procs in groups.items():
+        worst = max(procs, key=lambda p: p.creep.slope)
+        c = worst.creep
+        what = "private" if worst.measure == "uss" else "resident"
+        if len(procs) == 1:
+            who = worst.label
+        else:
+            pids = ", ".join(str(p.pid) for p in procs)
+            who = f"rank {rank}'s {len(procs)} {kind}s (pids {pids})"
+        evidence = {
+            "processes": [
+                {"process": p.label, "pid": p.pid, "measure": p.measure,
+                 "bytes_per_1000_steps": p.creep.per_1000_steps,
+                 "first_step": p.creep.first_step, "last_step": p.creep.last_step,
+                 "first": p.creep.first, "last": p.creep.last, "r2": p.creep.r2,
+                 "full_at_step": p.creep.full_at}
+                for p in procs
+            ],
+            "limit": c.limit,
+        }
+        each = " each" if len(procs) > 1 else ""
+        message = (
+            f"{who}: {what} memory grew steadily over steps {c.first_step:,}-"
+            f"{c.last_step:,}, {_size(c.first)} -> {_size(c.last)}"
+            + (f" in the fastest, pid {worst.pid}" if len(procs) > 1 else "")
+            + f": {_size(c.per_1000_steps)} per 1,000 steps{each} (a straight line explains "
+            f"it: R² {c.r2:.2f})."
+        )
+        if c.full_at is not None and c.limit:
+            message += (f" At that rate it reaches the {_size(c.limit)} this rank may use "
+                        f"at about step {c.full_at:,}.")
+        if "DataLoader" in kind:
+            actions = [
+                "keep the Dataset's samples in numpy arrays or tensors, not lists or dicts of "
+                "Python objects: each worker copies the pages it reads (every access writes a "
+                "reference count), so its memory grows with what it has read",
+                "look for a cache filled in __getitem__: each worker keeps its own copy",
+            ]
+        else:
+            actions = [
+                "look for tensors kept across steps (per-step outputs appended to a list, a "
+                "loss summed with its graph: keep `.item()`, or `.detach()` what you keep)",
+                "look for caches that only grow",
+            ]
+        out.append(Advice("memory-creep", message, evidence, tuple(actions)))
+    return out
+
+
 # -- unstable timing -------------------------------------------------------------------------
 
 
@@ -699,7 +776,8 @@ def unstable_timing(inp: AdviceInputs) -> list[Advice]:
 
 
 #: The rules, in the order their advice is given.
-RULES: tuple[Rule, ...] = (io_bound, cpu_bound, gpu_bound, sync_stalls, slow_ranks, unstable_timing)
+RULES: tuple[Rule, ...] = (io_bound, cpu_bound, gpu_bound, sync_stalls, slow_ranks, memory_creep,
+                          unstable_timing)
 
 
 def advise(inputs: AdviceInputs, rules: Iterable[Rule] = RULES) -> list[Advice]:

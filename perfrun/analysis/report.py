@@ -23,6 +23,7 @@ from perfrun.analysis.advice import Advice, AdviceInputs, advise
 from perfrun.analysis.device import DeviceSummary, device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
+from perfrun.analysis.memory import MemorySummary, memory_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
 from perfrun.analysis.ranks import MultiRankSummary, multi_rank_summary, rank_problem, steps_phrase
 from perfrun.analysis.selection import counted, disturbed_steps, profiled_steps, rank_window
@@ -41,6 +42,7 @@ from perfrun.settings import SUMMARY_KEYS
 from perfrun.store.baseline import fingerprint
 from perfrun.store.childfile import read_children
 from perfrun.store.layout import rank_stem
+from perfrun.store.pipelinefile import loader_files
 from perfrun.store.rankfile import RankResult
 from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
 from perfrun.store.schema import as_finite, as_int, finite_or_zero
@@ -217,6 +219,9 @@ class Report:
     #: The reference rank's DataLoaders, stage by stage (analysis/pipeline.py);
     #: None in timer-only, or for files of an older perfrun.
     pipeline: Optional[PipelineSummary] = None
+    #: Host memory of each rank and its children over the run
+    #: (analysis/memory.py); None for files without it.
+    memory: Optional[MemorySummary] = None
     #: Why the figures may not be the script's own (analysis/disturbed.py).
     disturbed: list[Flag] = field(default_factory=list)
     #: What the page draws (analysis/series.py): the step series, each
@@ -254,6 +259,7 @@ class Report:
             "advice": [a.to_dict() for a in self.advice],
             "flops": self.flops.to_dict() if self.flops is not None else None,
             "pipeline": self.pipeline.to_dict() if self.pipeline is not None else None,
+            "memory": self.memory.to_dict() if self.memory is not None else None,
             "disturbed": [f.to_dict() for f in self.disturbed],
             **({"results": self.results} if self.results is not None else {}),
         }
@@ -508,6 +514,7 @@ def build_report(
             )
     if ref is not None:
         report.pipeline = _pipeline(ref)
+    report.memory = _memory(run, ranks, warmup)
     report.advice = advise(advice_inputs(report, ref, ranks, run.meta))
     trained_elsewhere = _trained_in_children(report, child_steps)
     if trained_elsewhere:
@@ -633,6 +640,27 @@ def _pipeline(ref: RankResult) -> Optional[PipelineSummary]:
         return None
 
 
+def _memory(run: RunResults, ranks: Sequence[RankResult], warmup: int) -> Optional[MemorySummary]:
+    """Each rank's and child's resident set over the run; the children
+    that are DataLoader workers named so (their pids are in the names of
+    the workers' batch tables). What cannot be read costs the table only."""
+    try:
+        workers: dict[int, str] = {}
+        inputs = []
+        for r in ranks:
+            loaders = r.data.get("dataloaders")
+            stem = rank_stem(r.rank, r.restart)
+            for entry in loaders if isinstance(loaders, list) else []:
+                number = entry.get("loader") if isinstance(entry, Mapping) else None
+                if isinstance(number, int):
+                    for pid, _path in loader_files(run.run_dir, stem, number)[1]:
+                        workers[pid] = f"DataLoader {number} worker"
+            inputs.append((r.rank, r.data.get("memory"), max(0, r.n_steps - 1)))
+        return memory_summary(inputs, warmup, workers)
+    except Exception:  # noqa: BLE001 - a damaged record must not cost the report
+        return None
+
+
 def _disturbed(run: RunResults) -> list[Flag]:
     """The disturbance flags; evidence that cannot be read is no flag."""
     try:
@@ -694,4 +722,5 @@ def advice_inputs(
         window_summary=reference.summary if reference is not None else None,
         window_rank=reference.rank if reference is not None else None,
         pipeline=report.pipeline,
+        memory=report.memory,
     )

@@ -17,6 +17,7 @@ from perfrun.report.primitives import (
 )
 from perfrun.report.summary_blocks import (
     device_block,
+    memory_block,
     model_block,
     perf_block,
     pipeline_blocks,
@@ -75,6 +76,8 @@ def blocks(report: Report, view: Optional[dict[str, Any]] = None) -> list[Block]
         out.append(ranks_block(report.ranks))
     if report.device is not None and report.show("device"):
         out.append(device_block(report.device, report.title.world_size))
+    if report.memory is not None and report.show("device"):
+        out.append(memory_block(report.memory, int(report.view.get("row_limit") or 20)))
     if report.window is not None:
         out.extend(window_blocks(report.window, report.view if view is None else view,
                                  report.show))

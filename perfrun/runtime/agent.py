@@ -30,6 +30,7 @@ from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
 from .hooks import OFF, HookState
 from .lifeline import STACK_SIGNAL, ended_status
+from .memory import HostMemory
 from .modules import ModuleRanges, RootTracker
 from .position import describe, locate
 from .steps import WIDTH, StepTracker
@@ -109,6 +110,7 @@ class Agent:
         self._finished = False
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
+        self.host_memory: Optional[HostMemory] = None
         self.flops: Any = None  # the FLOP counter (flops.py), default mode only
         self.pipeline: Any = None  # the fetches' stages (pipeline.py), default mode only
         self._exec_note = ""
@@ -162,6 +164,7 @@ class Agent:
             self._setup_flops(torch)
             self._setup_pipeline(torch)
             self.sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
+            self.host_memory = HostMemory()
             self._thread = threading.Thread(
                 target=self._flush_loop, name="perfrun-flush", daemon=True
             )
@@ -509,6 +512,8 @@ class Agent:
             try:
                 if self.sampler is not None:
                     self.sampler.sample()
+                if self.host_memory is not None:
+                    self.host_memory.sample(self.tracker.committed)
                 self.clock.drain_stale()
                 self.write()
             except Exception as exc:
@@ -590,6 +595,7 @@ class Agent:
             dataloaders=list(self.loaders.values()),
             flops=self._flops_record(),
             device=device,
+            memory=self.host_memory.summary() if self.host_memory is not None else None,
             faults=[{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
             notes=list(self.notes),
             position=self._position_or_none(),
@@ -695,6 +701,8 @@ class Agent:
             self.status = ended_status(last, self.exit)
         if self.sampler is not None:
             self.sampler.sample()
+        if self.host_memory is not None:
+            self.host_memory.sample(self.tracker.committed)
         self.write(final=True)
 
     def _atexit(self) -> None:

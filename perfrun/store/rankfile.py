@@ -148,6 +148,9 @@ _WINDOW_SUMMARY = Obj({
     "export_seconds": NUMBER,
 })
 _PERCENT = Obj({"avg": Opt(NUMBER), "max": Opt(NUMBER)})
+# `measure`: "rss" (resident set) or "uss" (private memory).
+_MEMORY_SERIES = Obj({"name": STR, "measure": STR, "peak": INT,
+                      "points": ListOf(ListOf(INT, 2))})
 _COUNTED = Obj({"calls": INT, "time": NUMBER})
 
 #: The FLOPs of the one step the rank counted (runtime/flops.py): per phase,
@@ -256,6 +259,15 @@ RANK_FILE = Obj({
         "gpus": ListOf(Obj({"index": Opt(INT), "name": Opt(STR), "evidence": Opt(GPU_EVIDENCE)})),
         "driver": Opt(STR),
     })),
+    # Host memory over the run (runtime/memory.py): the rank's resident set
+    # and each child process's, as (step reached, bytes) points, thinned
+    # evenly to a bounded count; the memory the rank may use at most.
+    "memory": Opt(Obj({
+        "limit": Opt(INT),
+        "process": Opt(_MEMORY_SERIES),
+        "children": Obj(values=_MEMORY_SERIES),
+        "unavailable": Opt(STR),
+    })),
     "faults": ListOf(Obj({"where": STR, "count": INT, "error": Opt(STR)})),
     "notes": ListOf(STR),
     # Where the rank was at this save (runtime/position.py): step index,
@@ -353,6 +365,7 @@ SECTIONS: dict[str, Any] = {
     "dataloaders": list,
     "flops": lambda: None,
     "device": lambda: None,
+    "memory": lambda: None,
     "faults": list,
     "notes": list,
     "position": lambda: None,

@@ -1,0 +1,238 @@
+"""Host memory over the run: each process's resident set at the steps it was
+sampled (the rank files' `memory` sections, runtime/memory.py), the Memory
+Summary's rows, and the rule that decides memory creep. Pure functions over
+plain data.
+
+Creep is memory that grows *steadily* over the steady steps: a loss kept with
+its graph (`total_loss += loss`), a cache that fills in `__getitem__`, pages
+of a dataset's Python objects copied into each DataLoader worker as it reads
+them (copy-on-read: every access writes the object's reference count). A
+run that allocates once and stays flat, or jumps once (a bigger batch, an
+evaluation), is not creep. The rule asks for all of:
+
+* at least CREEP_MIN_POINTS samples over at least CREEP_MIN_STEPS steady
+  steps (the first CREEP_SKIP of the run, and the warm-up, are left out:
+  allocators, caches and workers fill up there);
+* growth, by the least-squares line, of at least CREEP_MIN_BYTES and
+  CREEP_MIN_FRACTION of where the line starts;
+* a straight line that explains it (R² at least CREEP_MIN_R2), and growth
+  in each third of the span (each third's own slope at least
+  CREEP_THIRD_SHARE of the whole's): steady, not one jump.
+
+Its figures: the slope per 1,000 steps, and the step at which, at that slope,
+the process would reach the memory the rank may use (the cgroup's limit, or
+the machine's memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from perfrun.store.schema import as_int
+
+CREEP_MIN_POINTS = 8
+CREEP_MIN_STEPS = 20
+CREEP_SKIP = 0.1
+CREEP_MIN_BYTES = 32 << 20
+CREEP_MIN_FRACTION = 0.05
+CREEP_MIN_R2 = 0.8
+CREEP_THIRD_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Creep:
+    """Steady growth: `slope` bytes a step from `first_step` to `last_step`
+    (the line's values there: `first`, `last`), how straight (`r2`), and
+    the step at which the line meets `limit` (None without a limit)."""
+
+    slope: float
+    first_step: int
+    last_step: int
+    first: float
+    last: float
+    r2: float
+    full_at: Optional[int]
+    limit: Optional[int]
+
+    @property
+    def per_1000_steps(self) -> float:
+        return self.slope * 1000.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slope_bytes_per_step": self.slope,
+            "per_1000_steps": self.per_1000_steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "first": self.first,
+            "last": self.last,
+            "r2": self.r2,
+            "full_at_step": self.full_at,
+            "limit": self.limit,
+        }
+
+
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """Least squares: slope, intercept, R² (1.0 for a flat exact fit)."""
+    n = len(xs)
+    mx = sum(xs) / n
+    my = sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx <= 0:
+        return 0.0, my, 0.0
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 1.0
+    return slope, my - slope * mx, r2
+
+
+def steady_points(points: Sequence[Sequence[int]], warmup: int, last_step: int) -> list[
+        tuple[int, int]]:
+    """The points past the warm-up and the run's first CREEP_SKIP, and not
+    past the last step (a point taken after it is the script's epilogue:
+    its final metrics, its checkpoint)."""
+    start = max(warmup, int(last_step * CREEP_SKIP))
+    out = []
+    for p in points:
+        if len(p) == 2 and start <= p[0] <= last_step:
+            out.append((int(p[0]), int(p[1])))
+    return out
+
+
+def creep(points: Sequence[tuple[int, int]], limit: Optional[int] = None) -> Optional[Creep]:
+    """Steady growth over `points` ((step, bytes), the steady ones), or None
+    (see the module's rule). Several points at one step (a slow step, or a
+    process sampled before the first step) are kept: the line weighs time."""
+    if len(points) < CREEP_MIN_POINTS:
+        return None
+    xs = [float(s) for s, _ in points]
+    ys = [float(b) for _, b in points]
+    if xs[-1] - xs[0] < CREEP_MIN_STEPS:
+        return None
+    slope, intercept, r2 = _line(xs, ys)
+    first = intercept + slope * xs[0]
+    last = intercept + slope * xs[-1]
+    growth = last - first
+    if growth < CREEP_MIN_BYTES or growth < CREEP_MIN_FRACTION * max(first, 1.0):
+        return None
+    if r2 < CREEP_MIN_R2:
+        return None
+    k = len(points) // 3
+    for part in (slice(0, k + 1), slice(k, 2 * k + 1), slice(2 * k, None)):
+        px, py = xs[part], ys[part]
+        if len(px) < 2 or px[-1] <= px[0]:
+            return None
+        if _line(px, py)[0] < CREEP_THIRD_SHARE * slope:
+            return None
+    full_at = None
+    if limit and slope > 0:
+        full_at = int(xs[-1] + max(0.0, limit - ys[-1]) / slope)
+    return Creep(slope, int(xs[0]), int(xs[-1]), first, last, r2, full_at, limit)
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's resident set over the run: the rank's own, or one of
+    its children (`pid`, and what it is)."""
+
+    rank: int
+    pid: Optional[int]
+    label: str
+    #: What it is, without its pid: "rank", "DataLoader 0 worker", ...
+    kind: str
+    #: "rss" (resident set) or "uss" (private memory: a forked child's own).
+    measure: str
+    first: Optional[int]
+    peak: int
+    last: Optional[int]
+    samples: int
+    creep: Optional[Creep]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "label": self.label,
+            "kind": self.kind,
+            "measure": self.measure,
+            "first": self.first,
+            "peak": self.peak,
+            "last": self.last,
+            "samples": self.samples,
+            "creep": self.creep.to_dict() if self.creep is not None else None,
+        }
+
+
+@dataclass
+class MemorySummary:
+    """Host memory of the ranks and their children; `limit` the memory the
+    reference rank may use."""
+
+    processes: list[ProcessMemory] = field(default_factory=list)
+    limit: Optional[int] = None
+
+    @property
+    def creeping(self) -> list[ProcessMemory]:
+        return [p for p in self.processes if p.creep is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "processes": [p.to_dict() for p in self.processes]}
+
+
+def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[str, Any],
+             warmup: int, last_step: int, limit: Optional[int]) -> Optional[ProcessMemory]:
+    points = [p for p in raw.get("points") or [] if isinstance(p, list) and len(p) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in p)]
+    if not points:
+        return None
+    steady = steady_points(points, warmup, last_step)
+    return ProcessMemory(
+        rank=rank,
+        pid=pid,
+        label=label,
+        kind=kind,
+        measure="uss" if raw.get("measure") == "uss" else "rss",
+        first=steady[0][1] if steady else None,
+        peak=max(as_int(raw.get("peak")) or 0, max(b for _, b in points)),
+        last=points[-1][1],
+        samples=len(points),
+        creep=creep(steady, limit),
+    )
+
+
+def memory_summary(
+    ranks: Sequence[tuple[int, Mapping[str, Any], int]],
+    warmup: int,
+    workers: Mapping[int, str] = {},
+) -> Optional[MemorySummary]:
+    """From (rank, its `memory` section, its last step) per rank: a row per
+    process. `workers`: the pids known to be DataLoader workers, with what
+    to call them."""
+    out = MemorySummary()
+    for rank, section, last_step in ranks:
+        if not isinstance(section, Mapping):
+            continue
+        limit = as_int(section.get("limit"))
+        if out.limit is None:
+            out.limit = limit
+        main = section.get("process")
+        if isinstance(main, Mapping):
+            row = _process(rank, None, "rank", f"rank {rank}", main, warmup, last_step, limit)
+            if row is not None:
+                out.processes.append(row)
+        children = section.get("children")
+        if isinstance(children, Mapping):
+            for key, raw in children.items():
+                pid = as_int(key) if str(key).isdigit() else None
+                if not isinstance(raw, Mapping):
+                    continue
+                kind = (workers.get(pid) if pid is not None else None) or str(
+                    raw.get("name") or "child process")
+                label = f"rank {rank} {kind} (pid {pid})"
+                row = _process(rank, pid, kind, label, raw, warmup, last_step, limit)
+                if row is not None:
+                    out.processes.append(row)
+    return out if out.processes else None

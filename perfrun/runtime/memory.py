@@ -1,0 +1,192 @@
+"""Host memory over the run: the rank's resident set and each of its child
+processes' (DataLoader workers, compile workers), sampled from the flush
+thread beside the step the rank has reached.
+
+Why sampled and not per step: reading a resident set is a /proc read
+(about 20 µs for the process, as much again per child), which the flush
+thread can afford every couple of seconds and the training step cannot.
+Memory creep is a slope over hundreds of steps, so a point every flush is
+enough to measure it (analysis/memory.py), and the per-step cost stays
+nothing.
+
+A child's figure is its private memory (USS: the pages only it holds, from
+/proc/PID/smaps_rollup), not its resident set: a forked DataLoader worker's
+resident set is the parent's pages from its first moment, and stays flat as
+it copies them one by one (copy-on-read of a Dataset's Python objects: each
+access writes a reference count), while its private memory grows with each
+copy. The kernel walks the page tables for that file in the read, with the
+GIL released, so the training thread does not wait on it. Where the file
+cannot be read the child's resident set stands in (`measure` says which).
+
+A series keeps at most MAX_POINTS points whatever the run's length: when it
+is full every other point is dropped and the stride between the samples it
+keeps doubles, so a run of a million steps is still covered end to end, as
+evenly as a short one, in a rank file of a few kilobytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+#: Points kept per process.
+MAX_POINTS = 256
+#: Children followed at most (a script that starts hundreds of processes
+#: gets the first ones).
+MAX_CHILDREN = 64
+
+
+class Series:
+    """(step, bytes) points of one process, thinned evenly when full."""
+
+    __slots__ = ("points", "stride", "seen", "peak", "name", "measure")
+
+    def __init__(self, name: str, measure: str = "rss") -> None:
+        self.name = name
+        self.measure = measure
+        self.points: list[list[int]] = []
+        self.stride = 1
+        self.seen = 0
+        self.peak = 0
+
+    def add(self, step: int, value: int) -> None:
+        if value > self.peak:
+            self.peak = value
+        self.seen += 1
+        if (self.seen - 1) % self.stride:
+            return
+        self.points.append([step, value])
+        if len(self.points) >= MAX_POINTS:
+            del self.points[1::2]
+            self.stride *= 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "measure": self.measure, "peak": self.peak,
+                "points": [list(p) for p in self.points]}
+
+
+class HostMemory:
+    """The rank's and its children's resident sets, one point per sample."""
+
+    def __init__(self, psutil: Any = None) -> None:
+        self.process: Optional[Series] = None
+        self.children: dict[int, Series] = {}
+        self.limit: Optional[int] = None
+        self._proc: Any = None
+        self._known: dict[int, Any] = {}
+        self._off: Optional[str] = None
+        try:
+            if psutil is None:
+                import psutil
+            self._proc = psutil.Process()
+            self.process = Series("main")
+            self.limit = memory_limit(psutil)
+        except Exception as exc:  # pragma: no cover - psutil is a dependency
+            self._off = f"{type(exc).__name__}: {exc}"
+
+    def sample(self, step: int) -> None:
+        proc = self._proc
+        if proc is None or self.process is None:
+            return
+        try:
+            self.process.add(step, int(proc.memory_info().rss))
+        except Exception as exc:
+            self._off = f"{type(exc).__name__}: {exc}"
+            self._proc = None
+            return
+        try:
+            children = proc.children(recursive=True)
+        except Exception:
+            return
+        for child in children:
+            pid = child.pid
+            series = self.children.get(pid)
+            if series is None:
+                if len(self.children) >= MAX_CHILDREN:
+                    continue
+                measure = "uss" if private_bytes(pid) is not None else "rss"
+                series = self.children[pid] = Series(_child_name(child, proc), measure)
+                self._known[pid] = child
+            try:
+                # The Process object first seen: psutil checks it is still
+                # that process (a reused pid is another one).
+                known = self._known[pid]
+                if not known.is_running():
+                    continue
+                value = private_bytes(pid) if series.measure == "uss" else None
+                if value is None:
+                    value = int(known.memory_info().rss)
+                series.add(step, value)
+            except Exception:
+                continue
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "limit": self.limit,
+            "process": self.process.to_dict() if self.process is not None else None,
+            "children": {str(pid): s.to_dict() for pid, s in self.children.items()
+                         if s.points},
+        }
+        if self._off:
+            out["unavailable"] = self._off
+        return out
+
+
+def private_bytes(pid: int) -> Optional[int]:
+    """A process's private memory (Private_Clean + Private_Dirty of
+    /proc/PID/smaps_rollup), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    total = 0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(b"Private_"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                total += int(parts[1]) * 1024
+                found = True
+    return total if found else None
+
+
+def _child_name(child: Any, parent: Any) -> str:
+    """What the child is: a compile worker, a forked copy of the script (a
+    DataLoader worker, a multiprocessing child), or its command line."""
+    try:
+        cmdline = child.cmdline()
+    except Exception:
+        cmdline = []
+    text = " ".join(cmdline)
+    if "torch._inductor" in text or "compile_worker" in text:
+        return "compile worker"
+    try:
+        same = cmdline == parent.cmdline()
+    except Exception:
+        same = False
+    if same or "multiprocessing" in text or not text:
+        return "child process"
+    return text[:60]
+
+
+def memory_limit(psutil: Any) -> Optional[int]:
+    """The memory this rank can use at most: the cgroup's limit where one is
+    set below the machine's memory (a container, a Slurm job), else the
+    machine's."""
+    total: Optional[int]
+    try:
+        total = int(psutil.virtual_memory().total)
+    except Exception:
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = int(text)
+            if total is None or limit < total:
+                return limit
+        break
+    return total

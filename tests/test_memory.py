@@ -1,0 +1,198 @@
+"""Host memory over the run: the bounded series the flush thread keeps
+(runtime/memory.py), the creep rule on hand-made points (analysis/memory.py),
+the advice it gives, and real runs of two scripts that creep the way
+training scripts do, each against its flat twin."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import RunPerfrun
+
+from perfrun.analysis.advice import AdviceInputs, memory_creep
+from perfrun.analysis.memory import (
+    CREEP_MIN_BYTES,
+    creep,
+    memory_summary,
+    steady_points,
+)
+from perfrun.runtime.memory import MAX_POINTS, HostMemory, Series, private_bytes
+
+MIB = 1 << 20
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+# -- the series --------------------------------------------------------------------------
+
+
+def test_a_series_stays_bounded_and_covers_the_whole_run() -> None:
+    s = Series("main")
+    for step in range(1_000_000):
+        s.add(step, 100 + step)
+    assert len(s.points) < MAX_POINTS
+    assert s.points[0] == [0, 100]
+    # The last point kept is near the end, and the points are evenly spread.
+    assert s.points[-1][0] > 1_000_000 - 2 * s.stride
+    gaps = {b[0] - a[0] for a, b in zip(s.points, s.points[1:])}
+    assert gaps == {s.stride}
+    assert s.peak == 100 + 999_999
+
+
+def test_host_memory_samples_this_process_and_its_children() -> None:
+    import subprocess
+    import sys
+
+    memory = HostMemory()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        for step in range(3):
+            memory.sample(step)
+    finally:
+        child.kill()
+        child.wait()
+    out = memory.summary()
+    assert out["process"]["measure"] == "rss"
+    assert [p[0] for p in out["process"]["points"]] == [0, 1, 2]
+    assert out["process"]["peak"] > 10 * MIB
+    (entry,) = [v for k, v in out["children"].items() if int(k) == child.pid]
+    assert entry["measure"] in ("uss", "rss")
+    assert len(entry["points"]) == 3
+    assert out["limit"] and out["limit"] > out["process"]["peak"]
+
+
+def test_private_bytes_of_this_process() -> None:
+    if not os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"):
+        pytest.skip("no /proc/PID/smaps_rollup on this kernel")
+    mine = private_bytes(os.getpid())
+    assert mine is not None and mine > MIB
+    assert private_bytes(2**22 + 1) is None
+
+
+# -- the rule ----------------------------------------------------------------------------
+
+
+def line(steps: range, start: float, per_step: float) -> list[tuple[int, int]]:
+    return [(s, int(start + per_step * (s - steps.start))) for s in steps]
+
+
+def test_steady_growth_is_creep_with_its_slope_and_projection() -> None:
+    points = line(range(100, 1100, 20), 400 * MIB, 0.25 * MIB)  # 250 MiB per 1,000 steps
+    c = creep(points, limit=4096 * MIB)
+    assert c is not None
+    assert c.per_1000_steps == pytest.approx(250 * MIB, rel=1e-3)
+    assert c.r2 == pytest.approx(1.0)
+    # From about 645 MiB at step 1080, (4096 - 645) / 0.25 steps more.
+    assert c.full_at == pytest.approx(1080 + (4096 - 645) / 0.25, abs=2)
+
+
+def test_a_flat_run_a_single_jump_and_small_growth_are_not_creep() -> None:
+    flat = [(s, 500 * MIB + (s % 7) * 100_000) for s in range(0, 1000, 10)]
+    assert creep(flat) is None
+    jump = [(s, (500 if s < 500 else 800) * MIB) for s in range(0, 1000, 10)]
+    assert creep(jump) is None
+    small = line(range(0, 1000, 10), 500 * MIB, (CREEP_MIN_BYTES / 2) / 1000)
+    assert creep(small) is None
+    # Growth that stops after the first third: not steady.
+    plateau = [(s, int((400 + min(s, 300) * 0.5) * MIB)) for s in range(0, 1000, 10)]
+    assert creep(plateau) is None
+    assert creep(line(range(0, 70, 10), 0, MIB)) is None  # too few points
+
+
+def test_the_warm_up_and_the_first_tenth_are_not_steady() -> None:
+    points = [[s, s] for s in range(0, 1000, 50)]
+    assert steady_points(points, warmup=3, last_step=999)[0] == (100, 100)
+    assert steady_points(points, warmup=3, last_step=500)[-1] == (500, 500)
+    assert steady_points(points, warmup=300, last_step=999)[0] == (300, 300)
+
+
+def test_workers_are_named_and_their_creep_given_once_for_all_of_them() -> None:
+    growing = [[s, int(20 * MIB + s * 0.15 * MIB)] for s in range(0, 500, 10)]
+    flat = [[s, 500 * MIB] for s in range(0, 500, 10)]
+    section = {
+        "limit": 16 << 30,
+        "process": {"name": "main", "measure": "rss", "peak": 500 * MIB, "points": flat},
+        "children": {
+            "101": {"name": "child process", "measure": "uss", "peak": 0, "points": growing},
+            "102": {"name": "child process", "measure": "uss", "peak": 0, "points": growing},
+        },
+    }
+    summary = memory_summary([(0, section, 499)], 3, {101: "DataLoader 0 worker",
+                                                     102: "DataLoader 0 worker"})
+    assert summary is not None
+    labels = [p.label for p in summary.processes]
+    assert labels == ["rank 0", "rank 0 DataLoader 0 worker (pid 101)",
+                      "rank 0 DataLoader 0 worker (pid 102)"]
+    assert [p.pid for p in summary.creeping] == [101, 102]
+    (advice,) = memory_creep(AdviceInputs(memory=summary))
+    assert advice.kind == "memory-creep"
+    assert "2 DataLoader 0 workers (pids 101, 102): private memory grew steadily" in advice.message
+    assert "numpy arrays or tensors" in advice.actions[0]
+    assert len(advice.evidence["processes"]) == 2
+    assert memory_creep(AdviceInputs()) == []
+
+
+# -- real runs ---------------------------------------------------------------------------
+
+
+def printed(out: str, key: str) -> int:
+    found = re.search(rf"{key} (\d+)", out)
+    assert found, out
+    return int(found.group(1))
+
+
+def creeping(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in report["memory"]["processes"] if p["creep"]]
+
+
+@pytest.mark.slow
+def test_kept_outputs_creep_and_counted_ones_do_not(run_perfrun: RunPerfrun) -> None:
+    """Every step's logits appended to a list for the epoch's metrics: the
+    rank grows by one batch of logits a step, which the script prints."""
+    script = str(SCRIPTS / "mem_outputs.py")
+    run = run_perfrun("--flush-interval", "0.05", script)
+    assert run.returncode == 0, run.describe()
+    report = run.report()
+    (rank,) = creeping(report)
+    assert rank["label"] == "rank 0" and rank["measure"] == "rss"
+    per_step = rank["creep"]["slope_bytes_per_step"]
+    assert per_step == pytest.approx(printed(run.out, "LOGITS_BYTES"), rel=0.15)
+    kinds = [a["kind"] for a in report["advice"]]
+    assert "memory-creep" in kinds
+
+    flat = run_perfrun("--flush-interval", "0.05", script, "--count")
+    assert flat.returncode == 0, flat.describe()
+    report = flat.report()
+    assert report["memory"]["processes"][0]["samples"] >= 8
+    assert creeping(report) == []
+    assert "memory-creep" not in [a["kind"] for a in report["advice"]]
+
+
+@pytest.mark.slow
+def test_dataloader_workers_copying_python_objects_creep(run_perfrun: RunPerfrun) -> None:
+    """A corpus held as lists of Python ints, read by two workers: each
+    copies the pages of the rows it reads (half the batches each)."""
+    if not os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"):
+        pytest.skip("a worker's private memory needs /proc/PID/smaps_rollup")
+    script = str(SCRIPTS / "mem_workers.py")
+    run = run_perfrun("--flush-interval", "0.1", script)
+    assert run.returncode == 0, run.describe()
+    report = run.report()
+    workers = creeping(report)
+    assert [w["kind"] for w in workers] == ["DataLoader 0 worker"] * 2
+    assert all(w["measure"] == "uss" for w in workers)
+    # Each worker reads half of each step's rows, and copies their pages.
+    expected = printed(run.out, "BATCH_SIZE") / 2 * printed(run.out, "ROW_BYTES")
+    for w in workers:
+        assert w["creep"]["slope_bytes_per_step"] == pytest.approx(expected, rel=0.25)
+    (advice,) = [a for a in report["advice"] if a["kind"] == "memory-creep"]
+    assert "DataLoader 0 workers" in advice["message"]
+
+    flat = run_perfrun("--flush-interval", "0.1", script, "--numpy")
+    assert flat.returncode == 0, flat.describe()
+    report = flat.report()
+    assert [p["kind"] for p in report["memory"]["processes"]].count("DataLoader 0 worker") == 2
+    assert creeping(report) == []
