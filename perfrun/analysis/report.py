@@ -472,6 +472,9 @@ def build_report(
     if report.problem is not None:
         # "recorded no steps" only repeats what `problem` already says.
         report.problems = [p for p in report.problems if not p.endswith("recorded no steps")]
+    # Steps that are not all those a rank saved (its step file cut short):
+    # which ones every figure below rests on.
+    report.problems[:0] = [f"rank {r.rank}: {r.steps_note}" for r in ranks if r.steps_note]
 
     child_steps = 0
     if ref is not None:
