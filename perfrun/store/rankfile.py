@@ -198,7 +198,11 @@ RANK_FILE = Obj({
     "world_size": INT,
     "restart": INT,
     "status": STR,
-    "exit": Obj({"exception": Opt(STR), "signal": Opt(INT)}),
+    # How the rank ended: the uncaught exception's type name, the signal,
+    # the status the script gave os._exit, and what kept the script from
+    # starting (a SyntaxError in its own file: the error's words).
+    "exit": Obj({"exception": Opt(STR), "signal": Opt(INT), "os_exit": Opt(INT),
+                 "start_error": Opt(STR)}),
     "started_unix": NUMBER,
     "elapsed": NUMBER,
     "env": Obj({
