@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any, Optional
 
 import click
@@ -448,6 +449,16 @@ def after_script_notes(after: list[str], target: list[str]) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run perfrun; return the exit status (the script's own for `run`)."""
+    with warnings.catch_warnings():
+        # numpy's arithmetic warnings from perfrun's own modules (a mean of
+        # no steps, a value not recorded) say nothing the report does not:
+        # what a figure lacks is said in its own words, and a step file
+        # holding values no rank writes is refused before any arithmetic.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"perfrun\.")
+        return _main(argv)
+
+
+def _main(argv: Optional[list[str]]) -> int:
     if argv is None:
         argv = sys.argv[1:]
     command_line = ["perfrun", *argv]

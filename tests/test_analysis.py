@@ -5,13 +5,21 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from typing import Any
 
 import pytest
 from builders import MS, make_rank, make_row, make_rows, make_run
 from oracle import others_time, step_time
 
 from perfrun.analysis.device import device_summary
-from perfrun.analysis.ranks import multi_rank_summary, rank_problem
+from perfrun.analysis.ranks import (
+    Ending,
+    first_failure,
+    multi_rank_summary,
+    rank_outcome,
+    rank_problem,
+    run_endings,
+)
 from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import rank_counted, steady_rows
 from perfrun.analysis.stats import Rate, Stats, default_warmup
@@ -288,6 +296,136 @@ def test_rank_problem(kwargs: dict, expected: str | None) -> None:
     kwargs = dict(kwargs)
     n = kwargs.pop("n", 3)
     assert rank_problem(make_rank(_rank_rows(8, n=n), **kwargs)) == expected
+
+
+def _ended(rank: Any, at: float, **exit: Any) -> Any:
+    """`rank` with its last save `at` seconds since the epoch (started at
+    1000), its `exit` record updated with `exit`, saving every 2 s."""
+    rank.data.update(started_unix=1000.0, elapsed=at - 1000.0)
+    rank.data["exit"].update(exit)
+    rank.data["settings"].setdefault("flush_interval", 2.0)
+    return rank
+
+
+def test_a_rank_that_left_by_os_exit_or_did_not_start_says_so() -> None:
+    rank = _ended(make_rank(_rank_rows(8, n=30)), 1010.0, os_exit=3)
+    assert rank_problem(rank) == "left by os._exit(3) after 30 steps"
+    assert rank_outcome(rank) == "os._exit(3)"
+    assert rank_problem(_ended(make_rank(_rank_rows(8)), 1010.0, os_exit=0)) is None
+    syntax = _ended(make_rank([], torch_imported=False, exception="SyntaxError"), 1000.1,
+                    start_error="invalid syntax (train.py, line 2)")
+    assert rank_problem(syntax) == "did not start: SyntaxError: invalid syntax (train.py, line 2)"
+    assert rank_outcome(syntax) == "not started"
+
+
+def test_the_report_of_a_script_that_did_not_start_says_what_stopped_it() -> None:
+    syntax = _ended(make_rank([], torch_imported=False, exception="SyntaxError"), 1000.1,
+                    start_error="invalid syntax (train.py, line 2)")
+    report = build_report(make_run([syntax]))
+    assert report.problem == ("the script did not start: SyntaxError: invalid syntax "
+                              "(train.py, line 2)")
+    assert report.problems == [] and not any("imported" in n for n in report.notes)
+    raised = _ended(make_rank([], torch_imported=False, exception="ModuleNotFoundError"), 1000.1)
+    report = build_report(make_run([raised]))
+    assert report.problem == ("no PyTorch training loop was seen: the script raised "
+                              "ModuleNotFoundError before it imported torch")
+
+
+def test_a_rank_killed_outright_names_the_signal_and_what_it_may_have_lost() -> None:
+    """The launcher saw the process die by SIGKILL 1.5 s after the rank's
+    last save: at most those 1.5 s of steps, about 190 of its 8 ms steps,
+    are not in its results."""
+    rank = _ended(make_rank(_rank_rows(8, n=40), status="running"), 1020.0)
+    ending = Ending(status=-9, by=1021.5, launcher="python")
+    assert rank_problem(rank, ending, step_time=8 * MS) == (
+        "killed by SIGKILL after 40 steps; at most its last 1.5 s of steps (about 190 "
+        "steps at its median step) are not in its results: a rank saves every 2 s, and "
+        "SIGKILL leaves it no time to save the rest")
+    assert rank_outcome(rank, ending) == "killed"
+    assert rank_problem(rank, Ending(status=-9)) == (
+        "killed by SIGKILL after 40 steps; the steps after its last save are not in its "
+        "results: a rank saves every 2 s, and SIGKILL leaves it no time to save the rest")
+    assert rank_problem(rank).startswith("died after 40 steps; the steps after its last save")
+    # Exited by itself without its final save: not a kill.
+    assert rank_problem(rank, Ending(status=0)).startswith(
+        "exited with status 0 after 40 steps but never saved its final results")
+
+
+def test_run_endings_read_the_launchers_and_torchruns_records() -> None:
+    ranks = [make_rank(rank=r, world_size=2) for r in (0, 1)]
+    meta = {"launcher": "torchrun", "started": 1000.0, "elapsed": 30.0, "returncode": 1}
+    run = make_run(ranks, meta=meta)
+    run.exit_codes = {1: 1, 0: -15}
+    assert run_endings(run) == {0: Ending(-15, 1030.0, "torchrun"),
+                                1: Ending(1, 1030.0, "torchrun")}
+    run = make_run(ranks[:1], meta={"launcher": "python", "returncode": -9})
+    assert run_endings(run) == {0: Ending(-9, None, "python")}
+
+
+def _two_ranks_failing(first_at: float, second_at: float, **second: Any) -> list:
+    raised = _ended(make_rank(_rank_rows(8, n=100), rank=1, world_size=2,
+                              exception="RuntimeError"), first_at)
+    other = _ended(make_rank(_rank_rows(8, n=100), rank=0, world_size=2, **second), second_at)
+    return [other, raised]
+
+
+def test_the_first_rank_to_fail_is_named_and_the_others_fail_after_it() -> None:
+    """Rank 1 raises; rank 0 then raises too (its collective lost its peer)
+    and torchrun ends it: rank 1 is the root cause, rank 0 a consequence,
+    whatever order the ranks are listed in or torchrun's record says."""
+    ranks = _two_ranks_failing(1010.0, 1010.4, exception="RuntimeError")
+    endings = {0: Ending(-15, 1011.0, "torchrun"), 1: Ending(1, 1011.0, "torchrun")}
+    assert first_failure(ranks, endings, recorded=0) == 1
+    m = multi_rank_summary(ranks, warmup=1, endings=endings, recorded_first=0)
+    assert m.first_failed == 1
+    assert m.problems == [
+        "rank 1: the first rank to fail: raised RuntimeError after 100 steps",
+        "rank 0: raised RuntimeError after 100 steps, once rank 1 had failed; torchrun "
+        "then ended it (SIGTERM)",
+    ]
+    assert [(r.rank, r.outcome) for r in m.rows] == [(0, "raised"), (1, "raised, first")]
+    assert m.to_dict()["first_failed"] == 1
+
+
+def test_a_rank_torchrun_stopped_is_terminated_not_failed() -> None:
+    ranks = _two_ranks_failing(1010.0, 1010.2, status="signalled", signal=15)
+    endings = {0: Ending(-15, 1011.0, "torchrun"), 1: Ending(1, 1011.0, "torchrun")}
+    m = multi_rank_summary(ranks, warmup=1, endings=endings)
+    assert m.problems == [
+        "rank 1: the first rank to fail: raised RuntimeError after 100 steps",
+        "rank 0: terminated by torchrun (SIGTERM) after 100 steps, once rank 1 had failed",
+    ]
+    assert [r.outcome for r in m.rows] == ["terminated", "raised, first"]
+
+
+def test_a_rank_killed_outright_first_is_the_root_cause() -> None:
+    """Rank 0 is killed by SIGKILL (its last save 1.2 s before), rank 1
+    raises when its collective loses rank 0: rank 0 failed first."""
+    died = _ended(make_rank(_rank_rows(8, n=50), rank=0, world_size=2, status="running"),
+                  1008.8)
+    raised = _ended(make_rank(_rank_rows(8, n=50), rank=1, world_size=2,
+                              exception="RuntimeError"), 1010.1)
+    endings = {0: Ending(-9, 1011.0, "torchrun"), 1: Ending(1, 1011.0, "torchrun")}
+    assert first_failure([died, raised], endings) == 0
+
+
+@pytest.mark.parametrize("case", ["one failed", "stopped", "all signalled", "no times"])
+def test_no_first_failure_without_a_chain_of_failures(case: str) -> None:
+    ranks = _two_ranks_failing(1010.0, 1010.4, exception="RuntimeError")
+    endings: dict = {}
+    stopped = False
+    if case == "one failed":
+        ranks = _two_ranks_failing(1010.0, 1012.0)
+    elif case == "stopped":
+        stopped = True
+    elif case == "all signalled":
+        ranks = [_ended(make_rank(_rank_rows(8), rank=r, world_size=2, status="signalled",
+                                  signal=2), 1010.0 + r) for r in (0, 1)]
+    else:
+        for rank in ranks:
+            rank.data.pop("elapsed")
+        assert first_failure(ranks, endings, recorded=1) == 1
+    assert first_failure(ranks, endings, stopped=stopped) is None
 
 
 # -- Device Summary ---------------------------------------------------------------------------

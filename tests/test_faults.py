@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -298,10 +299,13 @@ def test_rank_sigkilled_under_torchrun_keeps_its_steps(tmp_path: Path) -> None:
 
     assert "Ranks: 2" in result.stdout
     assert re.search(r"^0\s+finished\s+8\s", result.stdout, flags=re.M), describe(result)
-    assert re.search(r"^1\s+died\s+4\s", result.stdout, flags=re.M), describe(result)
-    problems = result.stdout[result.stdout.index("Ranks with problems") :]
-    assert "rank 1: died after 4 steps" in problems
-    assert "rank 0:" not in problems
+    # torchrun's record names the signal the rank file could not.
+    assert re.search(r"^1\s+killed\s+4\s", result.stdout, flags=re.M), describe(result)
+    problems = flat(result.stdout[result.stdout.index("Ranks with problems") :])
+    assert re.search(r"rank 1: killed by SIGKILL after 4 steps; at most its last \d+\.\d s "
+                     r"of steps .*are not in its results: a rank saves every 0\.2 s, and "
+                     r"SIGKILL leaves it no time to save the rest", problems), problems
+    assert "rank 0:" not in problems and "first rank to fail" not in problems
 
 
 # -- the disk fills up mid-run -------------------------------------------------------------------
@@ -332,6 +336,79 @@ def test_full_disk_mid_run_leaves_the_script_alone(tmp_path: Path) -> None:
     assert ("rank 0: exited with status 0 after 4 steps but never saved its final results"
             in flat(under.stdout)), describe(under)
     assert "writing them failed (a full disk?)" in flat(under.stdout)
+
+
+# -- step files damaged after the run ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sixty_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of 60 real training steps, to damage copies of."""
+    tmp = tmp_path_factory.mktemp("sixty")
+    log = tmp / "log"
+    result = perfrun("--log-dir", str(log), "--timer-only",
+                     str(SCRIPTS / "proc_train.py"), "--steps", "60", cwd=tmp)
+    assert result.returncode == 0, describe(result)
+    return run_dir_of(log)
+
+
+def damaged_copy(run_dir: Path, tmp_path: Path, damage: Callable[[bytearray, int], None]) -> Path:
+    """A copy of `run_dir` whose rank0.steps `damage` changed (given the
+    file's bytes and where its rows start)."""
+    import shutil
+
+    from perfrun.store.stepfile import read_header
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    steps = copy / "rank0.steps"
+    _, offset = read_header(str(steps))
+    data = bytearray(steps.read_bytes())
+    damage(data, offset)
+    steps.write_bytes(bytes(data))
+    return copy
+
+
+def test_a_step_file_cut_short_is_reported_with_the_steps_it_kept(
+    sixty_steps: Path, tmp_path: Path
+) -> None:
+    """A copy that kept one step and part of the next: the report uses
+    that step and says so, where it used to report it as the whole run."""
+    row = 8 * 17
+
+    def cut(data: bytearray, offset: int) -> None:
+        del data[offset + row + 50:]
+
+    copy = damaged_copy(sixty_steps, tmp_path, cut)
+    result = perfrun("report", str(copy), cwd=tmp_path)
+    assert result.returncode == ExitCode.OK, describe(result)
+    assert "Steps: 1 counted of 1 recorded" in result.stdout
+    assert ("rank 0: its step file rank0.steps is cut short: it holds 1 step of the 60 "
+            "rank0.json counts, so this report uses step 0 and steps 1 to 59 are lost"
+            in flat(result.stdout)), describe(result)
+    assert result.stderr == ""
+
+
+def test_garbage_in_a_step_file_is_one_line_and_66(sixty_steps: Path, tmp_path: Path) -> None:
+    """Random bytes over steps 10 to 19 are refused, naming the step,
+    where they were averaged into a 1e115 ms batch_cost with numpy's
+    warnings on stderr."""
+    import random
+
+    row = 8 * 17
+
+    def scramble(data: bytearray, offset: int) -> None:
+        rng = random.Random(1)
+        for i in range(offset + 10 * row, offset + 20 * row):
+            data[i] = rng.randrange(256)
+
+    copy = damaged_copy(sixty_steps, tmp_path, scramble)
+    result = perfrun("report", str(copy), cwd=tmp_path)
+    assert result.returncode == ExitCode.BAD_RESULTS, describe(result)
+    assert result.stdout == ""
+    assert re.fullmatch(
+        rf"perfrun: error: cannot read {re.escape(str(copy / 'rank0.steps'))}: step 10 has "
+        r"[a-z_]+ = \S+( s)?: the file is damaged\n", result.stderr), result.stderr
 
 
 # -- training where perfrun cannot be ------------------------------------------------------------

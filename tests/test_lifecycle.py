@@ -260,7 +260,7 @@ def test_ctrl_c_under_torchrun_marks_the_ranks_signalled(tmp_path: Path) -> None
         assert data["status"] == "signalled", data["status"]
         assert data["exit"] == {"exception": "KeyboardInterrupt", "signal": signal.SIGINT}
         assert len(data["steps"]["rows"]) == 3
-        assert re.search(rf"^{rank}\s+signalled\s+3\s", out, flags=re.M), out
+        assert re.search(rf"^{rank}\s+killed\s+3\s", out, flags=re.M), out
         assert f"rank {rank}: killed by SIGINT after 3 steps" in flat(out)
     assert not re.search(r"^\d\s+finished\s", out, flags=re.M), out
 
@@ -314,6 +314,105 @@ def test_exec_at_the_end_keeps_the_steps(tmp_path: Path) -> None:
     # Warm-up (step 0) and the step the FLOPs were counted on (step 1) out.
     assert "Steps: 3 counted of 5 recorded" in text
     assert "rank 0 replaced itself with" in text
+
+
+# -- a script that leaves by os._exit ---------------------------------------------------------
+
+
+OS_EXIT = SCRIPTS / "lifecycle_os_exit.py"
+
+
+@pytest.mark.slow
+def test_os_exit_keeps_the_steps_and_the_status(tmp_path: Path) -> None:
+    """os._exit runs no exit handler: the steps since the last periodic
+    save (here all 30, the run being shorter than one save interval) were
+    lost, and the report said the script never imported torch."""
+    plain = subprocess.run([sys.executable, str(OS_EXIT), "--steps", "30", "--status", "3"],
+                           env=environment(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert plain.returncode == 3, plain.stderr
+    run = Run(tmp_path, str(OS_EXIT), "--steps", "30", "--status", "3")
+    out, err = run.finish()
+    assert run.returncode == 3, err
+    assert out.startswith(plain.stdout)
+    data = rank_data(run_dir(tmp_path))
+    assert data["status"] == "finished"
+    assert data["exit"]["os_exit"] == 3
+    assert data["torch_imported"] is True
+    assert len(data["steps"]["rows"]) == 30
+    text = flat(out)
+    assert "never imported torch" not in text
+    assert "rank 0: left by os._exit(3) after 30 steps" in text
+    assert re.search(r"Steps: \d+ counted of 30 recorded", text), text
+
+
+@pytest.mark.slow
+def test_os_exit_before_torch_keeps_the_status(tmp_path: Path) -> None:
+    run = Run(tmp_path, str(OS_EXIT), "--before-torch", "--status", "5")
+    out, err = run.finish()
+    assert run.returncode == 5, err
+    data = rank_data(run_dir(tmp_path))
+    assert (data["status"], data["exit"]["os_exit"]) == ("finished", 5)
+    # True here: the script left before its `import torch`.
+    assert "the script never imported torch" in flat(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [0, 3, 255])
+def test_os_exit_status_is_the_scripts_whatever_the_save_does(status: int) -> None:
+    """The save before os._exit raising, even a KeyboardInterrupt, changes
+    nothing the process does: os._exit ends it with the script's status."""
+    code = (
+        "import os\n"
+        "from perfrun.runtime.lite import watch_os_exit\n"
+        "seen = []\n"
+        "def before(status):\n"
+        "    seen.append(status)\n"
+        "    raise KeyboardInterrupt\n"
+        "watch_os_exit(before)\n"
+        "watch_os_exit(before)  # once only\n"
+        "try:\n"
+        "    os._exit('not a status')\n"
+        "except TypeError:\n"
+        "    print('TypeError', seen, flush=True)\n"
+        f"os._exit({status})\n"
+    )
+    env = dict(environment(), PYTHONPATH=str(Path(__file__).parent.parent))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=TIMEOUT)
+    assert result.returncode == status, result.stderr
+    assert result.stdout == "TypeError ['not a status']\n"
+    assert result.stderr == ""
+
+
+@pytest.mark.slow
+def test_a_syntax_error_is_reported_as_the_script_not_starting(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\n\ndef train(:\n    pass\n")
+    plain = subprocess.run([sys.executable, str(script)], env=environment(),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    run = Run(tmp_path, str(script))
+    out, err = run.finish()
+    assert run.returncode == plain.returncode == 1
+    assert plain.stderr in err
+    text = flat(out)
+    assert ("perfrun: the script did not start: SyntaxError: invalid syntax (train.py, "
+            "line 4)") in text
+    assert "never imported torch" not in text and "Ranks with problems" not in text
+
+
+def test_not_started_is_a_syntax_error_in_the_scripts_own_file() -> None:
+    from perfrun.runtime.lite import not_started
+
+    try:
+        compile("def f(:\n", "/work/train.py", "exec")
+    except SyntaxError as exc:
+        exc.__traceback__ = None  # as Python leaves it for `python train.py`
+        assert not_started(exc) == "invalid syntax (train.py, line 1)"
+    try:
+        exec(compile("def f(:\n", "/work/model.py", "exec"))
+    except SyntaxError as exc:  # raised while the script ran (an import, exec)
+        assert not_started(exc) is None
+    assert not_started(ValueError("x")) is None and not_started(None) is None
 
 
 # -- torchrun's arguments, before anything runs ----------------------------------------------

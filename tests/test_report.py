@@ -140,7 +140,7 @@ def test_markdown_with_gpu_and_several_ranks() -> None:
     assert "| Name | Calls | CPU Total / Avg / Max / Min / Ratio(%) | " \
         "GPU Total / Avg / Max / Min / Ratio(%) |" in text
     assert "### Ranks" in text
-    assert "| 2 | signalled | 12 |" in text
+    assert "| 2 | killed | 12 |" in text
     assert "| 3 | no results | - |" in text
     assert "Slowest rank: 2" in text and "40.0% slower than the median" in text
     assert "- rank 2: killed by SIGKILL after 12 steps" in text

@@ -19,7 +19,15 @@ from perfrun.store.files import ResultsError
 from perfrun.store.layout import steps_path
 from perfrun.store.rankfile import VERSION, read_rank_file
 from perfrun.store.results import read_run
-from perfrun.store.stepfile import BLOCK, COL, STEP_COLUMNS, StepWriter, header, read
+from perfrun.store.stepfile import (
+    BLOCK,
+    COL,
+    STEP_COLUMNS,
+    StepWriter,
+    damage,
+    header,
+    read,
+)
 from tests.builders import MS, make_rank, make_rows, train_agent
 
 WIDTH = len(STEP_COLUMNS)
@@ -49,11 +57,12 @@ def write_v1(folder: Path, rows: list[list[Any]], rank: int = 0) -> Path:
     return path
 
 
-ROWS = make_rows(
+PHASE_SETS = (
     [{"dataloader": MS, "forward": 2 * MS, "backward": 3 * MS, "optimization": MS,
       "others": MS, "samples": 32}] * 12
     + [{"forward": 4 * MS, "others": 2 * MS, "excluded": MS}] * 3
 )
+ROWS = make_rows(PHASE_SETS)
 
 
 def test_steps_read_back_exactly_with_missing_values(tmp_path: Path) -> None:
@@ -88,11 +97,124 @@ def test_a_row_cut_short_by_a_kill_is_left_out(tmp_path: Path) -> None:
 def test_steps_beyond_the_rank_files_count_are_kept(tmp_path: Path) -> None:
     """A rank killed between appending steps and rewriting its rank file:
     the step file holds more than the rank file says, and all of it counts."""
-    path = write_v2(tmp_path, ROWS)
+    path = write_v2(tmp_path, ROWS, status="running")
     data = json.loads(path.read_text())
     data["steps"]["count"] = 3
     path.write_text(json.dumps(data))
-    assert read_rank_file(str(path)).n_steps == len(ROWS)
+    rank = read_rank_file(str(path))
+    assert rank.n_steps == len(ROWS) and rank.steps_note is None
+
+
+def test_a_step_file_cut_short_is_used_as_far_as_it_goes_and_said(tmp_path: Path) -> None:
+    """A step file that holds fewer steps than its rank file counts lost
+    them after the rank wrote them (a rank rewrites its rank file only
+    after appending): the steps left are whole, so they are used, and the
+    report says which."""
+    path = write_v2(tmp_path, ROWS)
+    steps = tmp_path / "rank0.steps"
+    keep = len(header(STEP_COLUMNS)) + 4 * ROW_BYTES + 50  # 4 steps and part of one
+    steps.write_bytes(steps.read_bytes()[:keep])
+    rank = read_rank_file(str(path))
+    assert rank.n_steps == 4 and rank.rows == ROWS[:4]
+    note = (f"its step file rank0.steps is cut short: it holds 4 steps of the {len(ROWS)} "
+            f"rank0.json counts, so this report uses steps 0 to 3 and steps 4 to "
+            f"{len(ROWS) - 1} are lost")
+    assert rank.steps_note == note
+    report = build_report(read_run(str(tmp_path)))
+    assert report.title.steps_recorded == 4
+    assert report.problems[0] == f"rank 0: {note}"
+    steps.write_bytes(steps.read_bytes()[:len(header(STEP_COLUMNS))])
+    assert read_rank_file(str(path)).steps_note.endswith(
+        f"this report has none of them, and steps 0 to {len(ROWS) - 1} are lost")
+
+
+def test_steps_after_a_final_save_are_left_out_and_said(tmp_path: Path) -> None:
+    """A rank's final save comes after its last step: rows after the count
+    it saved were added to the file afterwards, and are not the rank's."""
+    path = write_v2(tmp_path, ROWS)
+    data = json.loads(path.read_text())
+    data["steps"]["count"] = 10
+    path.write_text(json.dumps(data))
+    rank = read_rank_file(str(path))
+    assert rank.n_steps == 10 and rank.rows == ROWS[:10]
+    assert rank.steps_note == (
+        f"its step file rank0.steps holds {len(ROWS) - 10} steps after the 10 rank0.json "
+        f"counts at its final save: steps 10 to {len(ROWS) - 1} are left out of this report")
+
+
+def _table(rows: list[list[Any]]) -> Any:
+    import numpy as np
+
+    return np.array([[math.nan if v is None else v for v in r] for r in rows], dtype=float)
+
+
+def test_what_a_rank_writes_is_no_damage() -> None:
+    """Real steps pass, values not recorded (NaN) included; a phase a hair
+    below zero (exclusive times are differences) too."""
+    rows = [list(r) for r in ROWS]
+    rows[2][COL["forward"]] = -1e-9
+    assert damage(_table(rows)) is None
+    assert damage(_table(rows), limit=rows[-1][COL["end"]]) is None
+    assert damage(_table(rows)[:0]) is None
+
+
+def _set(column: str, value: float, step: int = 5) -> Any:
+    def change(rows: list[list[Any]]) -> None:
+        rows[step][COL[column]] = value
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (_set("end", math.inf), "step 5 has end = inf s"),
+        (_set("start", -3.1e14), "step 5 has start = -3.1e+14 s"),
+        (_set("end", 0.001), "step 5 ends (0.001 s) before it starts"),
+        (_set("start", 0.001), "step 5 starts (0.001 s) before the step before it ended: "
+                               "the steps are out of time order"),
+        (_set("dataloader", -0.5), "step 5 has dataloader = -0.5 s"),
+        (_set("backward", 1.29e115), "step 5 has backward = 1.29e+115 s"),
+        (_set("gpu_step", -math.inf), "step 5 has gpu_step = -inf s"),
+        (_set("forward_calls", 2.5), "step 5 has forward_calls = 2.5"),
+        (_set("samples", -9.2e18), "step 5 has samples = -9.2e+18"),
+        (_set("samples", 1e300), "step 5 has samples = 1e+300"),
+        (_set("start", math.nan, 7), "step 7 has no 'start' time"),
+    ],
+)
+def test_a_row_no_rank_writes_is_named(change: Any, why: str) -> None:
+    rows = [list(r) for r in ROWS]
+    change(rows)
+    assert damage(_table(rows)).startswith(why)
+
+
+def test_damage_is_found_across_blocks_and_after_the_final_save() -> None:
+    table = _table(ROWS)
+    # A block that starts before the block before it ended.
+    assert damage(table[8:], 8, previous_end=float(table[8, COL["end"]])).startswith(
+        "step 8 starts")
+    assert damage(table[8:], 8, previous_end=float(table[7, COL["end"]])) is None
+    last = float(table[-1, COL["end"]])
+    assert damage(table, limit=last - MS).startswith(f"step {len(ROWS) - 1} ends at")
+
+
+def test_garbage_in_a_step_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Bytes no rank wrote (here random ones over steps 3 to 6) refuse the
+    file: averaged, they print step times of 1e115 ms."""
+    import random
+
+    path = write_v2(tmp_path, ROWS)
+    steps = tmp_path / "rank0.steps"
+    data = bytearray(steps.read_bytes())
+    offset = len(header(STEP_COLUMNS))
+    rng = random.Random(1)
+    for i in range(offset + 3 * ROW_BYTES, offset + 7 * ROW_BYTES):
+        data[i] = rng.randrange(256)
+    steps.write_bytes(bytes(data))
+    with pytest.raises(ResultsError) as err:
+        read_rank_file(str(path))
+    message = str(err.value)
+    assert message.startswith(f"cannot read {steps}: step 3 has ")
+    assert message.endswith(": the file is damaged") and "\n" not in message
 
 
 def test_columns_are_mapped_by_name(tmp_path: Path) -> None:
@@ -325,7 +447,7 @@ def test_the_straggler_check_holds_a_bounded_sample_of_steps(
     import perfrun.analysis.ranks as summary
 
     for rank in (0, 1):
-        write_v2(tmp_path, ROWS * 4, rank=rank, world_size=2)
+        write_v2(tmp_path, make_rows(PHASE_SETS * 4), rank=rank, world_size=2)
     seen: list[int] = []
     real = summary.decide_straggler
 

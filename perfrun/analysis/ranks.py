@@ -1,6 +1,7 @@
 """Several ranks side by side: each rank's averages, min / median / max
-across ranks, the slowest rank, the straggler verdict, and what went wrong
-with a rank (died, killed, raised, wrote nothing).
+across ranks, the slowest rank, the straggler verdict, what went wrong
+with a rank (died, killed, raised, wrote nothing), and, when ranks failed
+one after another, which failed first.
 
 In data-parallel training every step waits for the slowest rank, so one
 slow rank (a throttled GPU, a busy host, a skewed shard) sets the pace of
@@ -11,7 +12,7 @@ functions over the ranks' documents and counted steps (selection.py).
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ from perfrun.analysis.stats import Stats
 from perfrun.analysis.straggler import RankSteps, Straggler
 from perfrun.analysis.straggler import decide as decide_straggler
 from perfrun.store.rankfile import RankResult
+from perfrun.store.results import RunResults
 from perfrun.store.stepfile import PHASES
 
 
@@ -38,8 +40,134 @@ def steps_phrase(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How a rank's process ended, as seen from outside it: what its own
+    file cannot say when it never wrote its final save (killed outright),
+    or what came after that save (torchrun's clean-up)."""
+
+    #: The process's exit status (negative: the signal that ended it): the
+    #: launcher's for a run of one process, torchrun's record of its failed
+    #: workers under torchrun; None when not known.
+    status: Optional[int] = None
+    #: When the process had ended by, at the latest (seconds since the
+    #: epoch): the launcher's own end.
+    by: Optional[float] = None
+    #: What started it: "python" (perfrun itself) or "torchrun".
+    launcher: Optional[str] = None
+
+
+def run_endings(run: RunResults) -> dict[int, Ending]:
+    """How each rank's process ended, from the run's records outside the
+    ranks: run.json (the launcher's exit status and end; the status is the
+    rank's own only for a run of one process that perfrun started itself)
+    and torchrun's record of its failed workers."""
+    meta = run.meta
+    launcher = meta.get("launcher") if isinstance(meta.get("launcher"), str) else None
+    started, elapsed = meta.get("started"), meta.get("elapsed")
+    by = (float(started) + float(elapsed)
+          if _number(started) and _number(elapsed) else None)
+    out = {}
+    for rank in run.ranks:
+        if launcher == "python":
+            code = meta.get("returncode")
+            status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        else:
+            status = run.exit_codes.get(rank.rank)
+        out[rank.rank] = Ending(status=status, by=by, launcher=launcher)
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def saved_at(rank: RankResult) -> Optional[float]:
+    """When the rank last saved (seconds since the epoch): its end, for a
+    rank that wrote its final save."""
+    started, elapsed = rank.data.get("started_unix"), rank.data.get("elapsed")
+    if _number(started) and _number(elapsed):
+        return float(started) + float(elapsed)
+    return None
+
+
+def failed(rank: RankResult, ending: Optional[Ending] = None, alive: bool = False) -> bool:
+    """Whether the rank ended other than by finishing its script (or a
+    clean --stop-after): died, killed, raised, or left with a status."""
+    if alive:
+        return False
+    exit_info = rank.data.get("exit") or {}
+    os_exit = exit_info.get("os_exit")
+    return (rank.status not in ("finished", "stopped") or bool(exit_info.get("exception"))
+            or (isinstance(os_exit, int) and os_exit != 0)
+            or bool(ending is not None and ending.status))
+
+
+def first_failure(
+    ranks: Sequence[RankResult],
+    endings: Mapping[int, Ending],
+    alive: Iterable[int] = (),
+    recorded: Optional[int] = None,
+    stopped: bool = False,
+) -> Optional[int]:
+    """The rank that failed first, when several did: in a job, one rank's
+    failure fails the others (a collective loses its peer, the launcher
+    stops the rest), so the first is the root cause and the others' errors
+    are its consequences. None when fewer than two ranks failed.
+
+    Each failed rank's last save (`saved_at`) orders them: a rank that
+    raised or was stopped saves as it ends; one killed outright saved last
+    before it died, so it orders no later than it ended, and a rank that
+    failed because it died ends after it. `recorded`, torchrun's own pick
+    (to the second, and ties go to the lowest local rank), stands in when a
+    failed rank has no time.
+
+    A job stopped from outside failed in no rank first: `stopped` (the
+    launcher passed on a signal: run.json's `signals`), or every rank that
+    failed was sent a signal it handled (Ctrl-C, a scheduler's SIGTERM)."""
+    live = set(alive)
+    hit = [rank for rank in ranks if failed(rank, endings.get(rank.rank), rank.rank in live)]
+    if stopped or len(hit) < 2 or all(rank.status == "signalled" for rank in hit):
+        return None
+    # A rank whose own file says it ended well, and that only the launcher
+    # ended after (torchrun's clean-up during its teardown), failed after
+    # its last save, not at it: it is a candidate only if no other is.
+    own = [rank for rank in hit if failed(rank)]
+    times = [(saved_at(rank), rank.rank) for rank in own or hit]
+    if any(t is None for t, _ in times):
+        return recorded if recorded in {rank.rank for rank in hit} else None
+    return min(times)[1]  # type: ignore[type-var]
+
+
+def _unsaved(rank: RankResult, ending: Ending, what: str,
+             step_time: Optional[float]) -> str:
+    """What a rank killed outright lost: the steps after its last save."""
+    settings = rank.data.get("settings") or {}
+    interval = settings.get("flush_interval") if isinstance(settings, Mapping) else None
+    if not isinstance(interval, (int, float)) or isinstance(interval, bool):
+        return ""
+    why = (f"a rank saves every {interval:g} s, and {what} leaves it no time to save "
+           "the rest")
+    last = saved_at(rank)
+    if ending.by is None or last is None:
+        return f"; the steps after its last save are not in its results: {why}"
+    gap = max(0.0, ending.by - last)
+    steps = ""
+    if step_time and step_time > 0:
+        # Two figures: the gap is a bound, and the pace a median.
+        k = int(round(gap / step_time))
+        k = int(round(k, 2 - len(str(k)))) if k >= 100 else k
+        steps = f" (about {k:,} steps at its median step)"
+    return (f"; at most its last {gap:.1f} s of steps{steps} are not in its results: "
+            f"{why}")
+
+
 def rank_problem(
-    rank: RankResult, exit_status: Optional[int] = None, alive: Optional[bool] = None
+    rank: RankResult,
+    ending: Optional[Ending] = None,
+    alive: Optional[bool] = None,
+    first: Optional[int] = None,
+    step_time: Optional[float] = None,
 ) -> Optional[str]:
     """What went wrong with this rank, in a few words, or None.
 
@@ -49,43 +177,106 @@ def rank_problem(
 
     `running` in a file read after the run means the rank never wrote its
     final record: it died (SIGKILL, OOM killer, a hard crash) and what is left
-    is its last periodic flush. A clean `--stop-after` stop is not a problem.
+    is its last periodic flush, so the signal that killed it (`ending`) and
+    how much it may have lost are said. A clean `--stop-after` stop is not a
+    problem.
 
-    `exit_status` is the process's own exit status when the launcher saw it
-    (one process, no torchrun). A process that exited normally yet never
-    wrote its final record did not die: it replaced itself (`os.exec*`, so
-    the new program runs without perfrun), left by `os._exit`, or could not
-    write (perfrun then said so on its stderr).
+    `ending.status` is the process's own exit status when the launcher saw
+    it. A process that exited normally yet never wrote its final record did
+    not die: it replaced itself (`os.exec*`, so the new program runs without
+    perfrun), or could not write (perfrun then said so on its stderr).
+
+    `first`: the rank that failed first in a job whose ranks failed one
+    after another (`first_failure`): it is named as the root cause, and the
+    others as failing after it. `step_time`: the rank's median step, to
+    count the steps a rank killed outright lost.
     """
+    ending = ending or Ending()
     n = rank.n_steps
     status = rank.status
     exit_info = rank.data.get("exit") or {}
+    root = "the first rank to fail: " if first is not None and first == rank.rank else ""
+    later = (f", once rank {first} had failed"
+             if first is not None and first != rank.rank else "")
+    code = ending.status
     if status == "running":
         if alive:
             return f"still running ({steps_phrase(n)} so far; this report is of its last save)"
         when = f"after {steps_phrase(n)}" if n else "before its first step"
-        if exit_status is not None and exit_status >= 0:
+        if code is not None and code >= 0:
             return (
-                f"exited with status {exit_status} {when} but never saved its final "
+                f"{root}exited with status {code} {when} but never saved its final "
                 "results: it re-executed itself (os.exec*) or called os._exit, or "
                 "writing them failed (a full disk?)"
             )
-        return f"died {when}"
+        if code is not None:
+            sig = _signal_name(-code)
+            return f"{root}killed by {sig} {when}{later}" + _unsaved(rank, ending, sig, step_time)
+        return (f"{root}died {when}{later}"
+                + _unsaved(rank, ending, "a process killed outright", step_time))
     if status == "signalled":
         sig = exit_info.get("signal")
+        if later and ending.launcher == "torchrun" and sig == signal.SIGTERM:
+            return f"terminated by torchrun (SIGTERM) after {steps_phrase(n)}{later}"
         what = f"killed by {_signal_name(sig)}" if sig is not None else "killed by a signal"
-        return f"{what} after {steps_phrase(n)}"
+        return f"{root}{what} after {steps_phrase(n)}{later}"
     if status in ("finished", "stopped"):
         exception = exit_info.get("exception")
+        start_error = exit_info.get("start_error")
+        if exception and start_error:
+            return f"did not start: {exception}: {start_error}"
+        then = ""
+        if code is not None and code < 0:
+            who = "torchrun" if ending.launcher == "torchrun" else "a signal"
+            then = f"; {who} then ended it ({_signal_name(-code)})"
         if exception:
             text = " ".join(str(exception).split())
             if len(text) > 80:
                 text = text[:77] + "..."
-            return f"raised {text} after {steps_phrase(n)}"
+            return f"{root}raised {text} after {steps_phrase(n)}{later}{then}"
+        os_exit = exit_info.get("os_exit")
+        if isinstance(os_exit, int) and os_exit != 0:
+            when = f"after {steps_phrase(n)}" if n else "before its first step"
+            return f"{root}left by os._exit({os_exit}) {when}{later}"
         if n == 0:
             return "recorded no steps"
+        if then and later:
+            return f"finished its script after {steps_phrase(n)}{later}{then}"
         return None
     return f"ended with unknown status {status!r} after {steps_phrase(n)}"
+
+
+def rank_outcome(
+    rank: RankResult,
+    ending: Optional[Ending] = None,
+    alive: Optional[bool] = None,
+    first: Optional[int] = None,
+) -> str:
+    """How the rank ended, in a word or two, for the Ranks table: the same
+    reading as `rank_problem`, so the table and the list never disagree."""
+    ending = ending or Ending()
+    exit_info = rank.data.get("exit") or {}
+    status = rank.status
+    if status == "running":
+        word = ("running" if alive else "killed" if ending.status is not None
+                and ending.status < 0 else "died")
+    elif status == "signalled":
+        word = ("terminated" if first is not None and first != rank.rank
+                and ending.launcher == "torchrun"
+                and exit_info.get("signal") == signal.SIGTERM else "killed")
+    elif status in ("finished", "stopped"):
+        os_exit = exit_info.get("os_exit")
+        if exit_info.get("start_error"):
+            word = "not started"
+        elif exit_info.get("exception"):
+            word = "raised"
+        elif isinstance(os_exit, int) and os_exit != 0:
+            word = f"os._exit({os_exit})"
+        else:
+            word = status
+    else:
+        word = status
+    return f"{word}, first" if first is not None and first == rank.rank else word
 
 
 @dataclass(frozen=True)
@@ -104,12 +295,17 @@ class RankRow:
     #: The median counted step (not in the JSON): what FLOP rates are
     #: taken over, kept so that no rank's steps are read again for them.
     step_median: Optional[float] = None
+    #: How it ended, in a word or two (rank_outcome): the table's Status.
+    #: `status` is its rank file's own (running, finished, stopped,
+    #: signalled), kept for readers of the JSON.
+    outcome: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "hostname": self.hostname,
             "status": self.status,
+            "outcome": self.outcome or self.status,
             "steps": self.steps,
             "counted": self.counted,
             "step_avg": self.step_avg,
@@ -151,16 +347,21 @@ class MultiRankSummary:
     # The culprit/victim verdict (straggler.py); None when fewer than two
     # ranks share enough steady steps to compare on a common clock.
     straggler: Optional[Straggler] = None
+    #: The rank that failed first when several failed (first_failure).
+    first_failed: Optional[int] = None
 
     @property
     def problems(self) -> list[str]:
-        return [f"rank {r.rank}: {r.problem}" for r in self.rows if r.problem]
+        """Each rank's problem, the root cause first."""
+        rows = sorted(self.rows, key=lambda r: r.rank != self.first_failed)
+        return [f"rank {r.rank}: {r.problem}" for r in rows if r.problem]
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "rows": [r.to_dict() for r in self.rows],
             "across": {k: v.to_dict() for k, v in self.across.items()},
             "slowest": self.slowest.to_dict() if self.slowest else None,
+            "first_failed": self.first_failed,
         }
         if self.straggler is not None:
             out["straggler"] = self.straggler.to_dict()
@@ -173,16 +374,26 @@ def multi_rank_summary(
     missing: Iterable[int] = (),
     exclude_window: bool = True,
     alive: Iterable[int] = (),
+    endings: Optional[Mapping[int, Ending]] = None,
+    recorded_first: Optional[int] = None,
+    stopped: bool = False,
 ) -> MultiRankSummary:
     """Compare ranks: in data-parallel training every step waits for the
     slowest rank, so one slow rank (a throttled GPU, a busy host, a skewed
-    shard) sets the pace of all of them."""
+    shard) sets the pace of all of them. `endings`: how each rank's process
+    ended, seen from outside (torchrun's record); `recorded_first`: the rank
+    torchrun saw fail first; `stopped`: the launcher passed on a signal
+    (see first_failure)."""
     live = set(alive)
+    endings = endings or {}
+    first = first_failure(ranks, endings, live, recorded_first, stopped)
     rows: list[RankRow] = []
     for rank in ranks:
         steady = rank_counted(rank, warmup, exclude_window=exclude_window).take(rank.table)
         env = rank.data.get("env") or {}
         phase_avg = {p: Stats.avg_of(columns.phase_times(steady, p)) for p in PHASES}
+        median = median_step(steady)
+        ending, on = endings.get(rank.rank), rank.rank in live
         rows.append(
             RankRow(
                 rank=rank.rank,
@@ -193,8 +404,9 @@ def multi_rank_summary(
                 step_avg=Stats.avg_of(columns.step_times(steady)),
                 phase_avg=phase_avg,
                 others_avg=Stats.avg_of(columns.others_times(steady)),
-                problem=rank_problem(rank, alive=rank.rank in live),
-                step_median=median_step(steady),
+                problem=rank_problem(rank, ending, alive=on, first=first, step_time=median),
+                step_median=median,
+                outcome=rank_outcome(rank, ending, alive=on, first=first),
             )
         )
     for r in missing:
@@ -202,7 +414,7 @@ def multi_rank_summary(
             RankRow(
                 rank=int(r), hostname=None, status="missing", steps=0, counted=0,
                 step_avg=None, phase_avg=dict.fromkeys(PHASES), others_avg=None,
-                problem="wrote nothing",
+                problem="wrote nothing", outcome="no results",
             )
         )
     rows.sort(key=lambda r: r.rank)
@@ -226,7 +438,8 @@ def multi_rank_summary(
             percent_slower=(worst.step_avg / median - 1.0) * 100.0,
         )
     straggler = _straggler(ranks, warmup, exclude_window)
-    return MultiRankSummary(rows=rows, across=across, slowest=slowest, straggler=straggler)
+    return MultiRankSummary(rows=rows, across=across, slowest=slowest, straggler=straggler,
+                            first_failed=first)
 
 
 #: The most steps the straggler check compares, evenly spaced over the steady

@@ -22,11 +22,23 @@ from typing import Any, Optional
 from perfrun.analysis.advice import Advice, AdviceInputs, advise
 from perfrun.analysis.device import DeviceSummary, device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
-from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
+from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary, median_step
 from perfrun.analysis.memory import MemorySummary, memory_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
-from perfrun.analysis.ranks import MultiRankSummary, multi_rank_summary, rank_problem, steps_phrase
-from perfrun.analysis.selection import counted, disturbed_steps, profiled_steps, rank_window
+from perfrun.analysis.ranks import (
+    MultiRankSummary,
+    multi_rank_summary,
+    rank_problem,
+    run_endings,
+    steps_phrase,
+)
+from perfrun.analysis.selection import (
+    counted,
+    disturbed_steps,
+    profiled_steps,
+    rank_counted,
+    rank_window,
+)
 from perfrun.analysis.series import PageSeries, page_series
 from perfrun.analysis.stats import default_warmup
 from perfrun.analysis.summary import (
@@ -367,16 +379,34 @@ def _no_measurement(run: RunResults) -> Optional[str]:
     if any(r.n_steps for r in run.ranks):
         return None
     if not any(r.data.get("torch_imported") for r in run.ranks):
-        return NO_TORCH
+        return _before_torch(run.ranks) or NO_TORCH
     return "no PyTorch training loop was seen: no forward, backward or optimizer step ran"
 
 
-def _launcher_exit_status(run: RunResults) -> Optional[int]:
-    """The script's exit status as perfrun's launcher saw it, when the
-    launcher ran the script itself (under torchrun it sees torchrun's)."""
-    if run.meta.get("launcher") != "python":
+def _before_torch(ranks: list[RankResult]) -> Optional[str]:
+    """Why no rank imported torch, when a rank says: the script did not
+    start (a SyntaxError in its own file), or raised before it got there.
+    Not "never imported torch", which points at where torch was imported."""
+    for rank in ranks:
+        exit_info = rank.data.get("exit") or {}
+        exception = exit_info.get("exception")
+        if not exception:
+            continue
+        start_error = exit_info.get("start_error")
+        if start_error:
+            return f"the script did not start: {exception}: {start_error}"
+        return (f"no PyTorch training loop was seen: the script raised {exception} "
+                "before it imported torch")
+    return None
+
+
+def _died_step(rank: RankResult, warmup: int, alive: set[int]) -> Optional[float]:
+    """The median counted step of a rank that died without its final save
+    (to count the steps it lost), None for any other: only then is its
+    step file read for it."""
+    if rank.status != "running" or rank.rank in alive or not rank.n_steps:
         return None
-    return as_int(run.meta.get("returncode"))
+    return median_step(rank_counted(rank, warmup).take(rank.table))
 
 
 def build_report(
@@ -461,23 +491,32 @@ def build_report(
     report = Report(title=title, sections=_sections(ref))
     report.problem = _no_measurement(run)
     report.notes = _notes(ranks)
-    if report.problem is not None and not any(r.data.get("torch_imported") for r in ranks):
+    if report.problem == NO_TORCH:
         report.notes.append(BOOTSTRAP_HINT)
     report.faults = _faults(ranks)
 
+    endings = run_endings(run)
     if run.world_size > 1 or run.missing:
-        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, alive)
+        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, alive,
+                                          endings, run.first_failed,
+                                          stopped=bool(run.meta.get("signals")))
         report.problems = report.ranks.problems
     else:
-        status = _launcher_exit_status(run)
+        live = set(alive)
         report.problems = [
             f"rank {r.rank}: {p}"
             for r in ranks
-            if (p := rank_problem(r, status, alive=r.rank in set(alive)))
+            if (p := rank_problem(r, endings.get(r.rank), alive=r.rank in live,
+                                  step_time=_died_step(r, warmup, live)))
         ]
     if report.problem is not None:
-        # "recorded no steps" only repeats what `problem` already says.
-        report.problems = [p for p in report.problems if not p.endswith("recorded no steps")]
+        # "recorded no steps", or "did not start" (one script, one error),
+        # only repeat what `problem` already says.
+        report.problems = [p for p in report.problems if not p.endswith("recorded no steps")
+                           and ": did not start: " not in p]
+    # Steps that are not all those a rank saved (its step file cut short):
+    # which ones every figure below rests on.
+    report.problems[:0] = [f"rank {r.rank}: {r.steps_note}" for r in ranks if r.steps_note]
 
     child_steps = 0
     if ref is not None:

@@ -226,7 +226,8 @@ def ranks_block(ranks: MultiRankSummary) -> TableBlock:
         cells = [str(r.rank)]
         if multi_host:
             cells.append(hosts[r.hostname] if r.hostname else DASH)
-        cells += [_rank_status(r.status), str(r.steps) if r.status != "missing" else DASH]
+        cells += [r.outcome or _rank_status(r.status),
+                  str(r.steps) if r.status != "missing" else DASH]
         cells.append(fmt_num(r.step_avg, 2, factor))
         cells += [fmt_num(r.phase_avg[p], 2, factor) for p in PHASES]
         cells.append(fmt_num(r.others_avg, 2, factor))

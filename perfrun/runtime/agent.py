@@ -1,7 +1,8 @@
 """The in-process lifecycle: start in a rank, hook torch when the script
-imports it, flush results during the run, save them at exit, on SIGTERM, or
+imports it, flush results during the run, save them at exit, on SIGTERM,
 just before the script replaces itself with another program (os.exec*: no
-exit handler runs then, and the new program is not measured).
+exit handler runs then, and the new program is not measured), or just
+before it leaves by os._exit (lite.watch_os_exit: no exit handler either).
 
 Started by the boot `sitecustomize` before the script runs. Everything here
 must leave the script's behaviour alone: perfrun's own faults are recorded in
@@ -721,6 +722,22 @@ class Agent:
         self._atexit()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+    def before_os_exit(self, status: Any) -> None:
+        """The script calls os._exit(status) (lite.watch_os_exit): no exit
+        handler will run, so this is the final save, with the status the
+        script gave, and every step it recorded up to the call."""
+        if self._finished or os.getpid() != self._pid:
+            return
+        try:
+            if type(status) is int:
+                self.exit["os_exit"] = status
+            self.finish()
+        except Exception as exc:
+            try:
+                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+            except Exception:
+                pass
 
     def _watch_exec(self) -> None:
         """Save before os.exec*: the process keeps its pid but not its

@@ -6,6 +6,12 @@ rank that dies early still leaves a trace), and puts a post-import hook on
 `torch`. Only when the script imports torch does the full agent load: a
 script that never imports torch pays a few milliseconds, not perfrun's
 import time.
+
+It also watches `os._exit`, which ends the process at once: no exit
+handler runs, so without a save first every step since the last periodic
+save (all of them, in a run shorter than one save interval) would be lost.
+The save comes first, then `os._exit` itself with the script's own
+arguments, whatever the save did: the exit status is the script's.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import os
 import sys
 import time
 from time import perf_counter
-from typing import Any, Callable
+from types import TracebackType
+from typing import Any, Callable, Optional
 
 from ..store.layout import rank_filename
 from ..store.rankfile import env_int, environment, rank_document, rank_identity, write_rank_file
@@ -76,6 +83,7 @@ class Boot:
         self._write("running")
         atexit.register(self._atexit)
         os.register_at_fork(after_in_child=self._forked)
+        watch_os_exit(self._before_os_exit)
         sys.meta_path.insert(0, TorchWatcher(self._on_torch))
 
     def _tie_to_owner(self) -> None:
@@ -122,11 +130,34 @@ class Boot:
             except Exception:
                 pass
 
-    def _write(self, status: str) -> None:
+    def _before_os_exit(self, status: Any) -> None:
+        """The script calls os._exit(status) in this rank: save now, as the
+        exit handlers would have (the agent's final save once torch is in)."""
+        if self.done or os.getpid() != self.pid:
+            return
+        if self.agent is not None:
+            self.agent.before_os_exit(status)
+            return
+        self.done = True
+        try:
+            self._write("finished", os_exit=status)
+        except Exception as exc:
+            try:
+                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+            except Exception:
+                pass
+
+    def _write(self, status: str, os_exit: Any = None) -> None:
         """The results of a rank that has not imported torch (yet)."""
         last = getattr(sys, "last_value", None)
-        exit_info = {"exception": type(last).__name__ if last is not None else None,
-                     "signal": None}
+        exit_info: dict[str, Any] = {
+            "exception": type(last).__name__ if last is not None else None, "signal": None,
+        }
+        if type(os_exit) is int:
+            exit_info["os_exit"] = os_exit
+        start_error = not_started(last)
+        if start_error is not None:
+            exit_info["start_error"] = start_error
         if status == "finished":
             status = ended_status(last, exit_info)
         doc = rank_document(
@@ -142,6 +173,47 @@ class Boot:
             window=self.payload.get("scheduler"),
         )
         write_rank_file(self.path, doc)
+
+
+def not_started(exc: Optional[BaseException]) -> Optional[str]:
+    """What kept the script from starting, when `exc` (the uncaught
+    exception) did: a SyntaxError in the script's own file, raised while
+    Python compiled it, before any line of it ran (no frame of the script's
+    in its traceback: none at all for `python script.py`, only runpy's for
+    `python -m`). The error's own words, with its file and line."""
+    if not isinstance(exc, SyntaxError):
+        return None
+    tb: Optional[TracebackType] = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name == "<frozen runpy>" or os.path.basename(name) == "runpy.py"):
+            return None
+        tb = tb.tb_next
+    return " ".join(str(exc).split())[:300]
+
+
+def watch_os_exit(before: Callable[[Any], None]) -> None:
+    """Call `before(status)` when the script calls os._exit(status), then
+    os._exit itself with the same arguments. Whatever `before` does or
+    raises (a KeyboardInterrupt included), the process ends as the script
+    asked, with its status: os._exit never returns."""
+    original = os._exit
+    if getattr(original, "__perfrun__", False):
+        return
+
+    def _exit(*args: Any, **kwargs: Any) -> Any:
+        try:
+            before(args[0] if args else kwargs.get("status"))
+        except BaseException:  # noqa: BLE001 - the script's exit comes first
+            pass
+        return original(*args, **kwargs)
+
+    _exit.__perfrun__ = True  # type: ignore[attr-defined]
+    _exit.__wrapped__ = original  # type: ignore[attr-defined]
+    _exit.__name__ = original.__name__
+    _exit.__qualname__ = original.__qualname__
+    _exit.__doc__ = original.__doc__
+    os._exit = _exit  # type: ignore[assignment]
 
 
 def boot(payload: dict[str, Any]) -> Boot:

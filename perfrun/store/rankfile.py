@@ -13,7 +13,8 @@ Version history:
 
 * 2: the steps in an append-only step file beside the rank file, named by
   `steps.file`, with `steps.count` the rows written by this save (a reader
-  takes every whole row the file holds);
+  takes every whole row the file holds, which is never fewer; see
+  `_step_file` for a file that holds fewer, or more after a final save);
 * 1: the steps inline, as rows under `steps.columns`: still read, still
   written inside baselines (a baseline is one file that stands alone) and
   by a rank that never imported torch (it has no steps).
@@ -55,7 +56,7 @@ from .schema import (
     shown,
     type_name,
 )
-from .stepfile import COL, REQUIRED_COLUMNS, STEP_COLUMNS, StepFileError, read_table
+from .stepfile import COL, REQUIRED_COLUMNS, STEP_COLUMNS, StepFileError, damage, read_table
 
 FORMAT = "perfrun-results"
 VERSION = 2
@@ -206,7 +207,11 @@ RANK_FILE = Obj({
     "world_size": INT,
     "restart": INT,
     "status": STR,
-    "exit": Obj({"exception": Opt(STR), "signal": Opt(INT)}),
+    # How the rank ended: the uncaught exception's type name, the signal,
+    # the status the script gave os._exit, and what kept the script from
+    # starting (a SyntaxError in its own file: the error's words).
+    "exit": Obj({"exception": Opt(STR), "signal": Opt(INT), "os_exit": Opt(INT),
+                 "start_error": Opt(STR)}),
     "started_unix": NUMBER,
     "elapsed": NUMBER,
     "env": Obj({
@@ -283,7 +288,8 @@ RANK_FILE = Obj({
     })),
     # Format 1: the rows inline. Format 2: `file` names the step file
     # beside the rank file (stepfile.py) and `count` the rows written to it
-    # by this save (a reader takes every whole row the file holds).
+    # by this save (a reader takes every whole row the file holds; see
+    # _step_file).
     "steps": Obj({"columns": ListOf(STR), "rows": LIST, "file": STR, "count": INT}),
 })
 
@@ -441,7 +447,7 @@ class RankResult:
     callers that want a few steps in hand, or hand-built results.
     """
 
-    __slots__ = ("path", "data", "steps_file", "_rows", "_table", "_n")
+    __slots__ = ("path", "data", "steps_file", "steps_note", "_rows", "_table", "_n")
 
     def __init__(
         self,
@@ -451,11 +457,15 @@ class RankResult:
         table: Any = None,
         steps_file: Optional[str] = None,
         n_steps: Optional[int] = None,
+        steps_note: Optional[str] = None,
     ) -> None:
         self.path = path
         self.data = data
         #: The step file the steps are read from, when they are not held.
         self.steps_file = steps_file
+        #: When the steps are not all those the rank file counts (its step
+        #: file cut short, or longer than its final save): which are used.
+        self.steps_note = steps_note
         held = table is not None or steps_file is not None
         self._rows = None if rows is None and held else list(rows or [])
         self._table = table
@@ -557,12 +567,22 @@ def read_rank_file(path: str) -> RankResult:
     return validate(load_json(path), path)
 
 
-def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int]:
+def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int, Optional[str]]:
     """The step file a format-2 rank names (beside the rank file), checked
-    once, a block of steps at a time so that checking a long rank holds
-    no more than a block: its path and how many whole steps it holds."""
-    import numpy as np
+    against the rank file and row by row (stepfile.damage), a block of
+    steps at a time so that checking a long rank holds no more than a
+    block: its path, how many of its steps the rank stands for, and, when
+    that is not every step the rank file counts, a line saying which.
 
+    The rank file is rewritten after each append to the step file, so the
+    step file holds at least the steps the rank file counts (`steps.count`):
+    more when the rank was killed between the two (those steps are whole,
+    and kept), never fewer. One that holds fewer was cut short after the
+    rank wrote it (a copy, a crash of the machine): the steps left are
+    whole, so they are used, and the report says which. A rank's final save
+    comes after its last step, so a step file longer than a final rank file
+    counts has had rows added since: those are left out, and said. A row
+    that no rank could have written refuses the file."""
     name = data["steps"]["file"]
     if not isinstance(name, str) or not name or os.path.basename(name) != name:
         raise SchemaError(f"{where}steps.file", "a file name beside the rank file", shown(name))
@@ -571,17 +591,42 @@ def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int]:
         table = read_table(step_path, mapped=True)
     except StepFileError as exc:
         raise ResultsError(str(exc), exc.kind) from None
-    n = int(table.shape[0])
+    held = int(table.shape[0])
+    count = data["steps"].get("count")
+    final = data.get("status") != "running"
+    n, note = held, None
+    if isinstance(count, int) and count >= 0:
+        rank_name = os.path.basename(path)
+        if held < count:
+            note = (f"its step file {name} is cut short: it holds {_steps(held)} of the "
+                    f"{count} {rank_name} counts, so "
+                    + (f"this report uses {_range(0, held)} and "
+                       if held else "this report has none of them, and ")
+                    + f"{_range(held, count)} are lost")
+        elif final and held > count:
+            n = count
+            note = (f"its step file {name} holds {_steps(held - count)} after the {count} "
+                    f"{rank_name} counts at its final save: {_range(count, held)} are left "
+                    "out of this report")
+    elapsed = data.get("elapsed")
+    limit = float(elapsed) if final and isinstance(elapsed, (int, float)) else None
     block = 1 << 16
     for lo in range(0, n, block):
-        part = table[lo:lo + block]
-        for column in REQUIRED_COLUMNS:
-            bad = np.flatnonzero(np.isnan(part[:, COL[column]]))
-            if bad.size:
-                raise ResultsError(
-                    f"cannot read {step_path}: step {lo + int(bad[0])} has no {column!r} time"
-                )
-    return step_path, n
+        part = table[lo:min(n, lo + block)]
+        previous = float(table[lo - 1, COL["end"]]) if lo else None
+        why = damage(part, lo, previous, limit)
+        if why is not None:
+            raise ResultsError(f"cannot read {step_path}: {why}: the file is damaged")
+    return step_path, n, note
+
+
+def _steps(n: int) -> str:
+    return "1 step" if n == 1 else f"{n} steps"
+
+
+def _range(lo: int, hi: int) -> str:
+    """Steps lo to hi - 1, in words."""
+    return f"step {lo}" if hi - lo == 1 else f"steps {lo} to {hi - 1}"
 
 
 #: Step values are numbers or null (a phase not measured, no GPU timing).
@@ -610,8 +655,9 @@ def validate(data: Any, path: str, where: str = "") -> RankResult:
         check(data, RANK_FILE, where)
         steps = data.get("steps") or {}
         if isinstance(steps, dict) and "file" in steps:
-            step_path, n = _step_file(data, path, f"{where}." if where else "")
-            return RankResult(path=path, data=data, steps_file=step_path, n_steps=n)
+            step_path, n, note = _step_file(data, path, f"{where}." if where else "")
+            return RankResult(path=path, data=data, steps_file=step_path, n_steps=n,
+                              steps_note=note)
         rows = _checked_rows(steps, f"{where}.steps" if where else "steps")
     except SchemaError as exc:
         raise ResultsError(f"cannot read {path}: {exc}") from None

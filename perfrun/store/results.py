@@ -19,7 +19,7 @@ from typing import Any, Optional
 from . import layout
 from .files import MISSING, ResultsError
 from .rankfile import RankResult, hostname, read_rank_file
-from .runmeta import read_run_meta, run_started
+from .runmeta import read_exit_codes, read_run_meta, run_started
 
 #: What a run in which no rank imported torch reports (the full report, and
 #: the command line's short one for such runs: never_imported_torch).
@@ -52,6 +52,11 @@ class RunResults:
     ranks: list[RankResult]
     meta: dict[str, Any] = field(default_factory=dict)
     missing: list[int] = field(default_factory=list)
+    #: torchrun's record of its failed workers (runmeta.read_exit_codes):
+    #: each failed rank's exit status (negative: the signal that ended it),
+    #: and the rank torchrun saw fail first.
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    first_failed: Optional[int] = None
 
     @property
     def world_size(self) -> int:
@@ -97,7 +102,9 @@ def read_run(run_dir: str) -> RunResults:
         # the other nodes' folders. A job folder's run.json counts the
         # job's ranks (expected_ranks), so its missing ranks are the job's.
         missing = []
-    return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing)
+    first, codes = read_exit_codes(run_dir)
+    return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing,
+                      exit_codes=codes, first_failed=first)
 
 
 def is_run_dir(path: str) -> bool:

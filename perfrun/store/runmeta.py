@@ -158,6 +158,34 @@ def first_failure_signal(path: str) -> Optional[int]:
         return None
 
 
+def read_exit_codes(run_dir: str) -> tuple[Optional[int], dict[int, int]]:
+    """torchrun's record of its failed workers, every node's in a job folder:
+    the rank it saw fail first (None when there is no record) and each
+    failed rank's exit status (negative: the signal that ended it). A record
+    that cannot be read adds nothing: it only adds to the rank files."""
+    paths = [os.path.join(run_dir, layout.TORCHRUN_STATUS)]
+    try:
+        names = sorted(os.listdir(os.path.join(run_dir, layout.NODES_DIR)))
+    except OSError:
+        names = []
+    paths += [os.path.join(run_dir, layout.NODES_DIR, n) for n in names
+              if layout.is_node_torchrun_status(n)]
+    first: Optional[int] = None
+    codes: dict[int, int] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                status = json.load(f)
+            failures = status["failures"]
+            found = {int(rank): int(f["exitcode"]) for rank, f in failures.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            continue
+        codes.update(found)
+        if first is None and str(status.get("first", "")).isdigit():
+            first = int(status["first"])
+    return first, codes
+
+
 # -- a multi-node job's node records ------------------------------------------------------
 
 

@@ -17,11 +17,16 @@ reader needs no parser for the bulk of it:
   header names, null written as NaN (no value perfrun records is ever NaN).
 
 A row cut short by a kill in the middle of a write is dropped by the reader;
-every whole row before it is kept. Binary rather than JSON lines: 1,000,000
-steps of 17 columns are 136 MB read in one call (numpy.fromfile, or a
-memory map that costs no memory of its own), where parsing the same as JSON
-takes seconds; float64 rather than float32 keeps times exact as recorded
-(a float32 loses microseconds on a phase minutes long).
+every whole row before it is kept. What the rows may hold is checked on
+reading (`damage`): a rank writes finite times in time order, durations
+that fit in the run and whole counts, so a row that holds anything else
+was not written by a rank, and the file is refused rather than averaged.
+
+Binary rather than JSON lines: 1,000,000 steps of 17 columns are 136 MB
+read in one call (numpy.fromfile, or a memory map that costs no memory of
+its own), where parsing the same as JSON takes seconds; float64 rather
+than float32 keeps times exact as recorded (a float32 loses microseconds
+on a phase minutes long).
 
 Version history: 1, the only one.
 
@@ -71,6 +76,11 @@ PHASES = ("dataloader", "forward", "backward", "optimization")
 GPU_COLUMNS = tuple("gpu_" + p for p in PHASES) + ("gpu_step",)
 #: Columns every step has: the step's span is computed from them.
 REQUIRED_COLUMNS = ("start", "end")
+
+#: Columns holding how long something took in a step, in seconds.
+DURATION_COLUMNS = PHASES + ("excluded",) + GPU_COLUMNS
+#: Columns holding how many times something happened in a step.
+COUNT_COLUMNS = tuple(c for c in STEP_COLUMNS if c.endswith("_calls")) + ("samples",)
 
 FORMAT = "perfrun-steps"
 VERSION = 1
@@ -285,3 +295,84 @@ def read_table(step_path: str, mapped: bool = False) -> Any:
         if c in index:
             out[:, j] = table[:, index[c]]
     return out
+
+
+# -- what a rank can have written --------------------------------------------------------
+
+#: How far below zero a duration may read: phase times are exclusive, one
+#: clock difference less another, which can leave a rounding error.
+NEGATIVE_SLACK = 1e-6
+#: How much longer than the rank had been running a duration of a step may
+#: read: GPU work can finish after the step that queued it ended on the
+#: CPU, by the depth of the GPU's queue (seconds at most, never a minute).
+DURATION_SLACK = 60.0
+#: The largest count a float64 holds exactly.
+MAX_COUNT = float(2**53)
+
+
+def damage(table: Any, first: int = 0, previous_end: Optional[float] = None,
+           limit: Optional[float] = None) -> Optional[str]:
+    """Why the first row of `table` (steps in STEP_COLUMNS order, the first
+    being step `first`) that no rank could have written is not one, or
+    None when every row could be.
+
+    A rank writes times in seconds since it started: finite, not negative,
+    each step ending after it starts and starting where the one before it
+    ended or later (`previous_end`, the end of step `first - 1`); durations
+    no longer than the time since the rank started (plus DURATION_SLACK);
+    counts that are whole numbers. `limit`: the rank's own time at a save
+    that came after every one of these steps (its final save), which no
+    step can end after. NaN is a value not recorded, allowed except in the
+    times every step has. Bulk operations only: a block of 65,536 steps
+    costs a few milliseconds."""
+    import numpy as np
+
+    n = int(table.shape[0])
+    if not n:
+        return None
+    found: list[tuple[int, str]] = []
+
+    def first_bad(mask: Any, why: Any) -> None:
+        bad = np.flatnonzero(mask)
+        if bad.size:
+            i = int(bad[0])
+            found.append((i, why(i)))
+
+    with np.errstate(all="ignore"):
+        start = table[:, COL["start"]]
+        end = table[:, COL["end"]]
+        for name, values in (("start", start), ("end", end)):
+            first_bad(np.isnan(values), lambda i, name=name: f"has no {name!r} time")
+            first_bad(~np.isfinite(values) | (values < 0),
+                      lambda i, name=name, v=values: f"has {name} = {_shown(v[i])} s")
+        first_bad(end < start, lambda i: f"ends ({_shown(end[i])} s) before it starts "
+                                         f"({_shown(start[i])} s)")
+        before = end[:-1]
+        if previous_end is not None:
+            before = np.concatenate(([previous_end], before))
+            later = start < before
+        else:
+            later = np.concatenate(([False], start[1:] < before))
+        first_bad(later, lambda i: f"starts ({_shown(start[i])} s) before the step before "
+                                   "it ended: the steps are out of time order")
+        if limit is not None:
+            first_bad(end > limit, lambda i: f"ends at {_shown(end[i])} s, after the rank's "
+                                             f"last save ({_shown(limit)} s)")
+        horizon = end + DURATION_SLACK
+        for name in DURATION_COLUMNS:
+            values = table[:, COL[name]]
+            first_bad(np.isinf(values) | (values < -NEGATIVE_SLACK) | (values > horizon),
+                      lambda i, name=name, v=values: f"has {name} = {_shown(v[i])} s")
+        for name in COUNT_COLUMNS:
+            values = table[:, COL[name]]
+            first_bad(np.isinf(values) | (values < 0) | (values > MAX_COUNT)
+                      | (values != np.floor(values)) & ~np.isnan(values),
+                      lambda i, name=name, v=values: f"has {name} = {_shown(v[i])}")
+    if not found:
+        return None
+    i, why = min(found, key=lambda f: f[0])
+    return f"step {first + i} {why}"
+
+
+def _shown(value: Any) -> str:
+    return f"{float(value):.6g}"
