@@ -124,7 +124,54 @@ def _apply(options: list[Any], f: Any) -> Any:
     return f
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Perfrun(click.Group):
+    """perfrun's commands, where a first word that is none of them starts a
+    run (`perfrun train.py` is `perfrun run train.py`). main() sorts that
+    out before click sees a run; this does it for shell completion, so that
+    `perfrun --tim<Tab>` and `perfrun train.py --tim<Tab>` complete as
+    `perfrun run ...` does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in (
+            *ctx.help_option_names, "--version"
+        ):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """The commands and the group's options, then what `perfrun run`
+        offers with nothing written yet: its options, or the script."""
+        results = super().shell_complete(ctx, incomplete)
+        run = self.commands["run"]
+        with run.make_context("run", [], parent=ctx, resilient_parsing=True) as sub:
+            more = run.shell_complete(sub, incomplete)
+            if not incomplete.startswith("-"):
+                script = next(p for p in run.params if p.name == "script")
+                more += script.shell_complete(sub, incomplete)
+        seen = {item.value for item in results}
+        return results + [item for item in more if item.value not in seen]
+
+
+class _Run(click.Command):
+    """`perfrun run`: after the script, completion offers the script's own
+    options too, read from its source (scriptoptions.py)."""
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        results = super().shell_complete(ctx, incomplete)
+        script = ctx.params.get("script")
+        if script and incomplete.startswith("-") and not ctx.params.get("module"):
+            seen = {item.value for item in results}
+            results += [
+                CompletionItem(name, help=f"{script}'s own option")
+                for name in sorted(scriptoptions.read_script(script).names)
+                if name.startswith(incomplete) and name not in seen
+            ]
+        return results
+
+
+@click.group(cls=_Perfrun, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="perfrun")
 def cli() -> None:
     """Profile an unmodified PyTorch training script.
@@ -146,7 +193,7 @@ def cli() -> None:
     """
 
 
-@cli.command("run", context_settings={"ignore_unknown_options": True})
+@cli.command("run", cls=_Run, context_settings={"ignore_unknown_options": True})
 @_run_options
 @click.argument("script", required=False, type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
