@@ -4,12 +4,14 @@
 `main(argv) -> int` is testable in-process; `console_main()` is the console
 entry point (it also survives `perfrun ... | head` closing the pipe).
 
-perfrun's options go before the script. Right after it perfrun reads only
-the two its usage line shows there, `--scheduler START END` and
-`--timer-only` (so `perfrun train.py --scheduler 100 110` works), and says
-on stderr when it did; everything else after the script, `--help` and
-`--batch-size` included, is the script's, exactly as `python train.py ...`
-would get it. A `--` hands all that follows to the script.
+perfrun's options go before the script, and may be written after it too:
+there perfrun takes every one of them, except a name the script defines
+itself (its argparse `--scheduler`, say), which stays the script's, as
+`python train.py ...` would give it. What the script defines is read from
+its source, never run (scriptoptions.py); where perfrun took or left an
+option that the script might also have meant, it says so in one line.
+`-m` and `-h/--help` after the script are the script's, and a `--` hands
+all that follows to the script. split_run_argv is that rule, pure.
 
 Each command imports what it runs (commands.py, watch.py) when it is
 called: `perfrun --help`, and the moment before a script starts, pay for
@@ -21,12 +23,13 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import click
 
-from . import __version__
+from . import __version__, scriptoptions
 from .exitcodes import ExitCode
+from .scriptoptions import ScriptOptions
 from .settings import (
     Settings,
     SettingsError,
@@ -42,9 +45,10 @@ COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch", "status")
 CONFIG_BEFORE = "nproc_per_node"
 #: Set to 1 to see the traceback of perfrun's own internal errors.
 DEBUG_VARIABLE = "PERFRUN_DEBUG"
-# The only options perfrun reads after the script (its usage line shows
-# them there); any other argument after the script is the script's.
-AFTER_SCRIPT = {"--scheduler": 2, "--timer-only": 0}
+#: Options that say what runs, or ask about perfrun itself: written before
+#: the script. After it they are the script's, as with `python train.py
+#: --help`; every other option of perfrun's is read after the script too.
+BEFORE_SCRIPT_ONLY = frozenset({"-m", "--module", "-h", "--help"})
 # torchrun's own spellings of its options, accepted before the script as
 # torchrun accepts them.
 TORCHRUN_SPELLINGS = {
@@ -121,7 +125,54 @@ def _apply(options: list[Any], f: Any) -> Any:
     return f
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Perfrun(click.Group):
+    """perfrun's commands, where a first word that is none of them starts a
+    run (`perfrun train.py` is `perfrun run train.py`). main() sorts that
+    out before click sees a run; this does it for shell completion, so that
+    `perfrun --tim<Tab>` and `perfrun train.py --tim<Tab>` complete as
+    `perfrun run ...` does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in (
+            *ctx.help_option_names, "--version"
+        ):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """The commands and the group's options, then what `perfrun run`
+        offers with nothing written yet: its options, or the script."""
+        results = super().shell_complete(ctx, incomplete)
+        run = self.commands["run"]
+        with run.make_context("run", [], parent=ctx, resilient_parsing=True) as sub:
+            more = run.shell_complete(sub, incomplete)
+            if not incomplete.startswith("-"):
+                script = next(p for p in run.params if p.name == "script")
+                more += script.shell_complete(sub, incomplete)
+        seen = {item.value for item in results}
+        return results + [item for item in more if item.value not in seen]
+
+
+class _Run(click.Command):
+    """`perfrun run`: after the script, completion offers the script's own
+    options too, read from its source (scriptoptions.py)."""
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        results = super().shell_complete(ctx, incomplete)
+        script = ctx.params.get("script")
+        if script and incomplete.startswith("-") and not ctx.params.get("module"):
+            seen = {item.value for item in results}
+            results += [
+                CompletionItem(name, help=f"{script}'s own option")
+                for name in sorted(scriptoptions.read_script(script).names)
+                if name.startswith(incomplete) and name not in seen
+            ]
+        return results
+
+
+@click.group(cls=_Perfrun, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="perfrun")
 def cli() -> None:
     """Profile an unmodified PyTorch training script.
@@ -138,16 +189,26 @@ def cli() -> None:
     perfrun combine node0/job-x node1/job-x   one folder from the nodes' run folders
 
     `perfrun run --help` lists the options of a run (they also work without
-    the word `run`).
+    the word `run`), and how they are told from the script's own when
+    written after the script.
     """
 
 
-@cli.command("run", context_settings={"ignore_unknown_options": True})
+@cli.command("run", cls=_Run, context_settings={"ignore_unknown_options": True})
 @_run_options
 @click.argument("script", required=False, type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(**kwargs: Any) -> int:
-    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) and print where its time went."""
+    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) and print where its time went.
+
+    perfrun's options go before SCRIPT or after it: `perfrun train.py
+    --scheduler 100 110` is `perfrun --scheduler 100 110 train.py`. After
+    SCRIPT, an option that the script defines itself (its own argparse or
+    click option of that name, read from its source, which is not run) is
+    the script's; -m, -h/--help, and everything after `--`, are the
+    script's too. Where the script might also have meant an option, a note
+    on stderr says which way it went.
+    """
     from . import commands
 
     settings = settings_from_options(kwargs)
@@ -354,30 +415,41 @@ def _option_table() -> dict[str, int]:
     return table
 
 
-def did_you_mean(name: str, known: Any) -> str:
-    """" (did you mean --x?)" for the closest known option, or ""."""
+def did_you_mean(name: str, known: Any, bare: bool = False) -> str:
+    """" (did you mean --x?)" for the closest known option, or "";
+    `bare`: the option alone."""
     import difflib
 
     close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=1,
                                       cutoff=0.75)
+    if bare:
+        return close[0] if close else ""
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Split `run` arguments into (options before, options after the script,
-    [script-or-module, script args...]). Raises UsageError with a one-line
-    message."""
-    table = _option_table()
+class RunArgv(NamedTuple):
+    """`perfrun run`'s arguments sorted out (split_run_argv)."""
+
+    #: perfrun's options written before the script (-m as `--module=NAME`).
+    before: list[str]
+    #: perfrun's options written after it.
+    after: list[str]
+    #: [script, its arguments...]; with -m, the module's arguments.
+    target: list[str]
+    #: What to tell the user, one line each, before the script starts.
+    notes: list[str]
+
+
+def _before_script(argv: list[str], table: dict[str, int]) -> tuple[list[str], int, bool]:
+    """perfrun's options before the script, where the script (or, after -m,
+    the module's first argument) is, and whether a `--` ended perfrun's
+    options there."""
     before: list[str] = []
     i = 0
-    target: list[str] = []
-    dashes = False  # a `--` ends perfrun's options for good, after the script too
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
-            i += 1
-            dashes = True
-            break
+            return before, i + 1, True
         name, eq, value = arg.partition("=")
         if name in TORCHRUN_SPELLINGS:
             name = TORCHRUN_SPELLINGS[name]
@@ -388,63 +460,175 @@ def split_run_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
                 if i + 1 >= len(argv) and not eq:
                     raise UsageError("-m needs a module name")
                 before.append(arg if eq else f"--module={argv[i + 1]}")
-                i += 1 if eq else 2
-                break
+                return before, i + (1 if eq else 2), False
             before.extend([arg, *argv[i + 1 : i + 1 + takes]])
             i += 1 + takes
             continue
         if arg.startswith("-") and arg != "-":
             raise UsageError(f"no such option: {arg}{did_you_mean(name, table)}")
         break
-    module_given = any(a.startswith("--module=") for a in before)
-    if not module_given:
-        if i >= len(argv):
-            return before, [], []
-        target = [argv[i]]
-        i += 1
-    after: list[str] = []
-    while i < len(argv) and not dashes:
-        arg = argv[i]
-        if arg == "--":
-            i += 1
-            break
-        name, eq, _ = arg.partition("=")
-        if name in AFTER_SCRIPT:
-            takes = 0 if eq else AFTER_SCRIPT[name]
-            after.extend(argv[i : i + 1 + takes])
-            i += 1 + takes
-            continue
-        break
-    return before, after, target + argv[i:]
+    return before, i, False
 
 
-def after_script_notes(after: list[str], target: list[str]) -> list[str]:
-    """What to tell the user about the script's side of the command line:
-    options perfrun took from after the script (with the `--` form that
-    would give them to the script), and arguments passed to the script that
-    look like a misspelt perfrun option."""
-    notes = []
-    if after and target:
-        script, rest = target[0], " ".join(target[1:])
-        shown = " ".join(after)
-        notes.append(
-            f"read {shown} after {script} as perfrun's; if it is the script's own, put it "
-            f"after --: perfrun {script} -- {shown}{' ' + rest if rest else ''}"
+class Target(NamedTuple):
+    """What `perfrun run ARGV` runs (run_target)."""
+
+    kind: str  # "script" or "module"
+    name: str
+    #: Where in ARGV its own arguments start.
+    start: int
+    #: What is written after it, up to a `--`: what perfrun may take from.
+    after: list[str]
+
+
+def _locate(argv: list[str], table: dict[str, int]) -> tuple[list[str], Optional[Target], bool]:
+    """perfrun's options before the script, what runs (None: nothing), and
+    whether a `--` before the script made all after it the script's."""
+    before, at, dashes = _before_script(argv, table)
+    module = next((a.partition("=")[2] for a in before if a.startswith("--module=")), None)
+    if module is None:
+        if at >= len(argv):
+            return before, None, dashes
+        kind, name, at = "script", argv[at], at + 1
+    else:
+        kind, name = "module", module
+    rest = argv[at:]
+    return before, Target(kind, name, at, rest[: rest.index("--")] if "--" in rest else rest), \
+        dashes
+
+
+def run_target(argv: list[str]) -> Optional[Target]:
+    """What `perfrun run ARGV` runs; None when nothing does, or when a `--`
+    before the script makes everything after it the script's."""
+    _before, target, dashes = _locate(argv, _option_table())
+    return None if dashes else target
+
+
+def split_run_argv(argv: list[str], defines: ScriptOptions) -> RunArgv:
+    """Split `run` arguments between perfrun and the script, given what the
+    script defines (scriptoptions.py reads it from the script's source).
+    Raises UsageError with a one-line message.
+
+    The rule, the same for every option: perfrun's options go before the
+    script, and may also be written after it, where perfrun takes them,
+    except a name the script defines itself, which is the script's. A `--`
+    gives everything after it to the script. -m and -h/--help say what runs
+    and ask about perfrun itself: after the script they are the script's
+    (`perfrun train.py --help` is the script's help, as with python).
+    Nothing is taken or left silently where the script might have meant
+    otherwise: a name both define, an option perfrun takes from a script
+    whose source does not say all it reads, or one that argparse would
+    also take as an abbreviation of the script's own, each gets a note."""
+    table = _option_table()
+    before, target, dashes = _locate(argv, table)
+    if target is None:
+        return RunArgv(before, [], [], [])
+    script = [target.name] if target.kind == "script" else []
+    if dashes:
+        return RunArgv(before, [], script + argv[target.start :], [])
+    try:
+        after, script_args, notes = split_after_script(
+            argv[target.start :], target.name, table, defines
         )
-    for arg in target[1:]:
-        if arg == "--":
-            break
-        name = arg.partition("=")[0]
-        if name.startswith("--") and name not in AFTER_SCRIPT:
-            import difflib
+    except _Short as short:
+        raise UsageError(read_as_perfruns(
+            f"Option '{short.name}' requires {short.needs}", [short.name], target.name, argv,
+            target.start,
+        )) from None
+    return RunArgv(before, after, script + script_args, notes)
 
-            close = difflib.get_close_matches(name, list(AFTER_SCRIPT), n=1, cutoff=0.75)
-            if close:
-                notes.append(
-                    f"passed {name} to the script as its own argument; perfrun's option is "
-                    f"{close[0]}"
-                )
-    return notes
+
+class _Short(Exception):
+    """An option perfrun takes after the script, without all its values."""
+
+    def __init__(self, name: str, needs: str) -> None:
+        super().__init__(name)
+        self.name, self.needs = name, needs
+
+
+def read_as_perfruns(message: str, names: list[str], label: str, argv: list[str],
+                     start: int) -> str:
+    """`message` about options perfrun took after the script, and the
+    command that gives them to the script instead: the one written, with a
+    `--` after the script (`start`: where its arguments begin in argv)."""
+    rest = argv[start:]
+    if "--" in rest:
+        rest.remove("--")
+    fixed = " ".join(["perfrun", *argv[:start], "--", *rest])
+    subject = "it is" if len(names) == 1 else "they are"
+    return (f"{message.rstrip('.')}; {' '.join(names)} after {label} was read as perfrun's. "
+            f"If {subject} the script's own, put {subject.split()[0]} after --: {fixed}")
+
+
+def split_after_script(
+    args: list[str], label: str, table: dict[str, int], defines: ScriptOptions
+) -> tuple[list[str], list[str], list[str]]:
+    """(perfrun's options, the script's arguments, notes) of what is written
+    after the script `label`: the rule of split_run_argv."""
+    ours = {name: takes for name, takes in table.items() if name not in BEFORE_SCRIPT_ONLY}
+    after: list[str] = []
+    script: list[str] = []
+    left: list[str] = []  # perfrun's names the script defines, given to it
+    taken: list[str] = []  # what perfrun took where the script's source is unsure
+    taken_names: list[str] = []
+    shortened: list[str] = []  # perfrun's names argparse would take as the script's
+    misspelt: dict[str, str] = {}  # the script's argument -> perfrun's option it looks like
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            script.extend(args[i + 1 :])
+            break
+        name, eq, value = arg.partition("=")
+        if name in TORCHRUN_SPELLINGS:
+            name = TORCHRUN_SPELLINGS[name]
+            arg = f"{name}={value}" if eq else name
+        if not arg.startswith("-") or name not in ours:
+            script.append(args[i])
+            if name.startswith("--") and not defines.defines(name) and name not in misspelt:
+                close = did_you_mean(name, ours, bare=True)
+                if close:
+                    misspelt[name] = close
+            i += 1
+            continue
+        if defines.defines(name):
+            script.append(args[i])
+            if name not in left:
+                left.append(name)
+            i += 1
+            continue
+        takes = 0 if eq else ours[name]
+        values = args[i + 1 : i + 1 + takes]
+        if "--" in values:
+            values = values[: values.index("--")]
+        if len(values) < takes:
+            # Said here: click would read the `--` before the script's
+            # arguments as the missing value.
+            raise _Short(name, "an argument" if takes == 1 else f"{takes} arguments")
+        after.extend([arg, *values])
+        if defines.unsure:
+            taken.extend([arg, *values])
+            taken_names.append(name)
+        elif defines.expansions(name):
+            longer = ", ".join(defines.expansions(name))
+            shortened.append(f"took {name} as perfrun's, though argparse would give it to "
+                             f"{label}'s {longer}; for the script, write that in full")
+        i += 1 + len(values)
+    notes = []
+    if left:
+        notes.append(
+            f"{', '.join(left)} went to {label}, which defines "
+            + ("it; perfrun's goes" if len(left) == 1 else "them; perfrun's go")
+            + " before the script"
+        )
+    if taken:
+        them = "it" if len(taken_names) == 1 else "them"
+        notes.append(f"took {' '.join(taken)} as perfrun's, though {label} {defines.unsure}; "
+                     f"for the script, put {them} after --")
+    return after, script, notes + shortened + [
+        f"passed {name} to the script as its own argument; perfrun's option is {close}"
+        for name, close in misspelt.items()
+    ]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -476,16 +660,14 @@ def _main(argv: Optional[list[str]]) -> int:
         command, rest = "run", argv
     try:
         if command == "run" and not any(a in ("-h", "--help") for a in _leading_options(rest)):
-            before, after, target = split_run_argv(rest)
-            if not target and not any(a.startswith("--module=") for a in before):
+            split = split_run_argv(rest, _script_defines(rest))
+            if not split.target and not any(a.startswith("--module=") for a in split.before):
                 raise UsageError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...]")
-            args = ["run", *before, *after, "--", *target]
+            args = ["run", *split.before, *split.after, "--", *split.target]
             try:
-                return _invoke(args, command_line, after_script_notes(after, target))
-            except click.BadParameter as exc:
-                raise _collision_hint(exc, after, target) from None
+                return _invoke(args, command_line, split.notes)
             except click.UsageError as exc:
-                raise _collision_hint(exc, after, target) from None
+                raise _collision_hint(exc, split.after, rest) from None
         return _invoke(([command] if command else []) + rest, command_line)
     except UsageError as exc:
         click.echo(f"perfrun: error: {exc}", err=True)
@@ -525,22 +707,33 @@ def _leading_options(argv: list[str]) -> list[str]:
     return out
 
 
-def _collision_hint(exc: click.UsageError, after: list[str], target: list[str]) -> UsageError:
+def _script_defines(argv: list[str]) -> ScriptOptions:
+    """What the script of `perfrun run ARGV` defines, read from its source
+    only when an option is written after it (`perfrun train.py` reads
+    nothing)."""
+    target = run_target(argv)
+    if target is None or not any(a.startswith("-") for a in target.after):
+        return scriptoptions.NOTHING
+    if target.kind == "module":
+        # python -m looks in the current folder first, then on its path.
+        return scriptoptions.read_module(target.name, [os.getcwd(), *sys.path[1:]])
+    return scriptoptions.read_script(target.name)
+
+
+def _collision_hint(exc: click.UsageError, after: list[str], argv: list[str]) -> UsageError:
+    """click's one line, and where what it refuses is an option perfrun
+    took from after the script, the command that gives it to the script."""
     message = exc.format_message()
-    if after and target:
-        script = target[0]
-        table, names, j = _option_table(), [], 0
-        while j < len(after):  # the option names only, not their values
-            name, eq, _ = after[j].partition("=")
-            names.append(name)
-            j += 1 + (0 if eq else table.get(name, 0))
-        opts = " ".join(names)
-        rest = " ".join([*after, *target[1:]])
-        return UsageError(
-            f"{message.rstrip('.')}; {opts} after {script} was read as perfrun's option. If it "
-            f"is the script's own, put it after --: perfrun {script} -- {rest}"
-        )
-    return UsageError(message)
+    table, names, j = _option_table(), [], 0
+    while j < len(after):  # the option names only, not their values
+        name, eq, _ = after[j].partition("=")
+        names.append(name)
+        j += 1 + (0 if eq else table.get(name, 0))
+    named = [n for n in dict.fromkeys(names) if f"'{n}'" in message]
+    target = run_target(argv)
+    if not named or target is None:
+        return UsageError(message)
+    return UsageError(read_as_perfruns(message, named, target.name, argv, target.start))
 
 
 def _invoke(args: list[str], command_line: list[str], notes: Optional[list[str]] = None) -> int:

@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "exitcodes": set(),
     "store": {"perfrun"},
     "settings": {"store"},
+    "scriptoptions": set(),
     "analysis": {"store", "settings"},
     "runtime": {"perfrun", "store", "settings", "analysis"},
     "report": {"store", "settings", "analysis"},
@@ -36,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "watch": {"store", "exitcodes", "analysis", "report", "launcher"},
     "commands": {"perfrun", "store", "settings", "exitcodes", "analysis", "report", "launcher",
                  "combine", "api"},
-    "cli": {"perfrun", "settings", "exitcodes", "commands", "watch"},
+    "cli": {"perfrun", "settings", "exitcodes", "scriptoptions", "commands", "watch"},
     "__main__": {"cli"},
     "boot": {"runtime"},
 }

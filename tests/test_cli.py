@@ -12,6 +12,7 @@ import pytest
 from perfrun import cli
 from perfrun.cli import UsageError, split_run_argv
 from perfrun.exitcodes import ExitCode
+from perfrun.scriptoptions import NOTHING, ScriptOptions
 from perfrun.settings import (
     PROFILER_KEYS,
     SUMMARY_KEYS,
@@ -23,89 +24,142 @@ from perfrun.settings import (
 
 # -- split_run_argv -------------------------------------------------------------------
 
+#: What scripts define, as scriptoptions.py reads it (tests/test_scriptoptions.py).
+#: An argparse training script: its options, -h/--help, and abbreviations.
+TRAIN = ScriptOptions(frozenset({"-h", "--help", "--epochs", "--lr", "--batch-size"}), True)
+#: One that chooses its learning-rate schedule with its own --scheduler.
+LR = ScriptOptions(frozenset({"-h", "--help", "--scheduler", "--epochs", "--warmup-epochs"}),
+                   True)
+#: One that reads sys.argv itself: what it takes is not known.
+ARGV = ScriptOptions(unsure="reads sys.argv itself")
+
+
+def split(argv: list[str], defines: ScriptOptions = NOTHING) -> tuple:
+    before, after, target, _notes = split_run_argv(argv, defines)
+    return before, after, target
+
 
 @pytest.mark.parametrize(
-    "argv, expected",
+    "argv, defines, expected",
     [
-        ([], ([], [], [])),
-        (["train.py"], ([], [], ["train.py"])),
+        ([], NOTHING, ([], [], [])),
+        (["train.py"], TRAIN, ([], [], ["train.py"])),
         (
             ["--scheduler", "100", "110", "train.py", "--lr", "0.1"],
+            TRAIN,
             (["--scheduler", "100", "110"], [], ["train.py", "--lr", "0.1"]),
         ),
+        # The headline command: perfrun's window, written after the script.
         (
             ["train.py", "--scheduler", "100", "110"],
+            TRAIN,
             ([], ["--scheduler", "100", "110"], ["train.py"]),
         ),
-        # After the script perfrun reads only --scheduler and --timer-only;
-        # the first other argument starts the script's own.
+        # Every perfrun option after the script is perfrun's, wherever it
+        # stands among the script's own, in any spelling it takes.
         (
-            ["train.py", "--timer-only", "--warmup", "2", "--lr", "0.1", "--timer-only"],
-            ([], ["--timer-only"], ["train.py", "--warmup", "2", "--lr", "0.1", "--timer-only"]),
-        ),
-        # Options training scripts commonly take are the script's, even where
-        # perfrun has an option of that name.
-        (
-            ["train.py", "--batch-size", "64", "--lr", "0.1"],
-            ([], [], ["train.py", "--batch-size", "64", "--lr", "0.1"]),
-        ),
-        (["argp.py", "--output", "foo"], ([], [], ["argp.py", "--output", "foo"])),
-        (["train.py", "--help"], ([], [], ["train.py", "--help"])),
-        (
-            ["train.py", "--config", "c.yaml", "--log-dir", "d", "--format", "x"],
-            ([], [], ["train.py", "--config", "c.yaml", "--log-dir", "d", "--format", "x"]),
+            ["train.py", "--timer-only", "--stop-after", "50"],
+            TRAIN,
+            ([], ["--timer-only", "--stop-after", "50"], ["train.py"]),
         ),
         (
-            ["train.py", "--scheduler", "3", "5", "--output", "foo"],
-            ([], ["--scheduler", "3", "5"], ["train.py", "--output", "foo"]),
+            ["train.py", "--epochs", "2", "--warmup=3", "--lr", "0.1", "--log-dir", "d", "-q"],
+            TRAIN,
+            ([], ["--warmup=3", "--log-dir", "d", "-q"], ["train.py", "--epochs", "2", "--lr",
+                                                           "0.1"]),
+        ),
+        (
+            ["train.py", "--nproc_per_node", "2", "--master_port=29999"],
+            NOTHING,
+            ([], ["--nproc-per-node", "2", "--master-port=29999"], ["train.py"]),
+        ),
+        # ...except a name the script defines itself: the script's.
+        (
+            ["train.py", "--batch-size", "64", "--timer-only"],
+            TRAIN,
+            ([], ["--timer-only"], ["train.py", "--batch-size", "64"]),
+        ),
+        (
+            ["lr.py", "--scheduler", "cosine", "--epochs", "2", "--timer-only"],
+            LR,
+            ([], ["--timer-only"], ["lr.py", "--scheduler", "cosine", "--epochs", "2"]),
+        ),
+        (["argp.py", "--output", "foo"], ScriptOptions(frozenset({"--output"})),
+         ([], [], ["argp.py", "--output", "foo"])),
+        (["argp.py", "--output", "foo"], NOTHING, ([], ["--output", "foo"], ["argp.py"])),
+        # -m and --help say what runs and ask about perfrun: after the
+        # script they are the script's, as with python.
+        (["train.py", "--help"], TRAIN, ([], [], ["train.py", "--help"])),
+        (["train.py", "-h"], NOTHING, ([], [], ["train.py", "-h"])),
+        (["train.py", "--module", "m"], NOTHING, ([], [], ["train.py", "--module", "m"])),
+        (["train.py", "-m", "m"], NOTHING, ([], [], ["train.py", "-m", "m"])),
+        # Short options follow the same rule.
+        (
+            ["train.py", "-o", "x=1", "-c", "cfg"],
+            ScriptOptions(frozenset({"-o", "-c"})),
+            ([], [], ["train.py", "-o", "x=1", "-c", "cfg"]),
+        ),
+        (
+            ["train.py", "-o", "Profiler.warmup=1", "-c", "cfg"],
+            NOTHING,
+            ([], ["-o", "Profiler.warmup=1"], ["train.py", "-c", "cfg"]),
         ),
         # torchrun's own spellings, before the script.
         (
             ["--nproc_per_node", "2", "--master_port=29999", "train.py"],
+            NOTHING,
             (["--nproc-per-node", "2", "--master-port=29999"], [], ["train.py"]),
         ),
-        # `--` hands everything after it to the script, even perfrun's names.
+        # `--` hands everything after it to the script, even perfrun's names,
+        # before the script or after it; a second `--` is the script's.
         (
             ["train.py", "--", "--scheduler", "1", "2"],
+            NOTHING,
             ([], [], ["train.py", "--scheduler", "1", "2"]),
         ),
         (
+            ["train.py", "--lr", "1", "--timer-only", "--", "--warmup", "2", "--", "x"],
+            TRAIN,
+            ([], ["--timer-only"], ["train.py", "--lr", "1", "--warmup", "2", "--", "x"]),
+        ),
+        (
             ["--timer-only", "--", "train.py", "--timer-only"],
+            NOTHING,
             (["--timer-only"], [], ["train.py", "--timer-only"]),
         ),
-        # After the script, short options are the script's (-c, -o are common).
-        (["train.py", "-o", "x=1", "-c", "cfg"], ([], [], ["train.py", "-o", "x=1", "-c", "cfg"])),
-        # --override and --module change how the script is found: never after it.
-        (
-            ["train.py", "--override", "Profiler.warmup=1"],
-            ([], [], ["train.py", "--override", "Profiler.warmup=1"]),
-        ),
-        (["train.py", "--module", "m"], ([], [], ["train.py", "--module", "m"])),
         (
             ["-o", "Profiler.scheduler=[1,3]", "train.py"],
+            NOTHING,
             (["-o", "Profiler.scheduler=[1,3]"], [], ["train.py"]),
         ),
-        (["--log-dir=/tmp/x", "train.py"], (["--log-dir=/tmp/x"], [], ["train.py"])),
-        (["train.py", "--warmup=3", "a"], ([], [], ["train.py", "--warmup=3", "a"])),
-        (["-h"], (["-h"], [], [])),
-        # -m: the module name ends perfrun's options; what follows is its argv.
-        (["-m", "pkg.train", "--lr", "1"], (["--module=pkg.train"], [], ["--lr", "1"])),
+        (["--log-dir=/tmp/x", "train.py"], NOTHING, (["--log-dir=/tmp/x"], [], ["train.py"])),
+        (["-h"], NOTHING, (["-h"], [], [])),
+        # -m: the module name ends perfrun's options before it; after it the
+        # rule is the same as after a script.
+        (["-m", "pkg.train", "--lr", "1"], TRAIN, (["--module=pkg.train"], [], ["--lr", "1"])),
         (
             ["--timer-only", "-m", "pkg.train", "-c", "x"],
+            NOTHING,
             (["--timer-only", "--module=pkg.train"], [], ["-c", "x"]),
         ),
-        (["--module=pkg.train", "a"], (["--module=pkg.train"], [], ["a"])),
+        (["--module=pkg.train", "a"], NOTHING, (["--module=pkg.train"], [], ["a"])),
         (
             ["-m", "pkg.train", "--scheduler", "1", "2", "a"],
+            NOTHING,
             (["--module=pkg.train"], ["--scheduler", "1", "2"], ["a"]),
         ),
+        (
+            ["-m", "pkg.train", "--scheduler", "step"],
+            LR,
+            (["--module=pkg.train"], [], ["--scheduler", "step"]),
+        ),
         # A script whose name looks like a value is still the script.
-        (["-"], ([], [], ["-"])),
-        (["100", "110"], ([], [], ["100", "110"])),
+        (["-"], NOTHING, ([], [], ["-"])),
+        (["100", "110"], NOTHING, ([], [], ["100", "110"])),
     ],
 )
-def test_split_run_argv(argv: list[str], expected: tuple) -> None:
-    assert split_run_argv(argv) == expected
+def test_split_run_argv(argv: list[str], defines: ScriptOptions, expected: tuple) -> None:
+    assert split(argv, defines) == expected
 
 
 @pytest.mark.parametrize(
@@ -117,25 +171,81 @@ def test_split_run_argv(argv: list[str], expected: tuple) -> None:
         (["-x", "train.py"], "no such option: -x"),
         (["-m"], "-m needs a module name"),
         (["--timer-only", "--module"], "-m needs a module name"),
+        # An option perfrun takes after the script needs its values there:
+        # a `--` (or the end) is not one.
+        (
+            ["train.py", "--epochs", "1", "--stop-after"],
+            r"^Option '--stop-after' requires an argument; --stop-after after train.py was read "
+            r"as perfrun's. If it is the script's own, put it after --: "
+            r"perfrun train.py -- --epochs 1 --stop-after$",
+        ),
+        (
+            ["train.py", "--scheduler", "3", "--", "x"],
+            r"requires 2 arguments; .* perfrun train.py -- --scheduler 3 x$",
+        ),
     ],
 )
 def test_split_run_argv_errors(argv: list[str], fragment: str) -> None:
     with pytest.raises(UsageError, match=fragment):
-        split_run_argv(argv)
+        split_run_argv(argv, TRAIN)
 
 
-def test_notes_on_the_scripts_side_of_the_command_line() -> None:
-    before, after, target = split_run_argv(["train.py", "--scheduler", "1", "2", "--lr", "3"])
-    assert cli.after_script_notes(after, target) == [
-        "read --scheduler 1 2 after train.py as perfrun's; if it is the script's own, put it "
-        "after --: perfrun train.py -- --scheduler 1 2 --lr 3"
+def notes(argv: list[str], defines: ScriptOptions) -> list[str]:
+    return split_run_argv(argv, defines).notes
+
+
+def test_the_headline_command_and_options_the_script_lacks_are_taken_quietly() -> None:
+    for defines in (TRAIN, NOTHING):
+        assert notes(["train.py", "--scheduler", "100", "110"], defines) == []
+        assert notes(["train.py", "--timer-only", "--stop-after", "50", "--lr", "1"], defines) \
+            == []
+    # Nothing written after the script, nothing to say, whatever the script.
+    assert notes(["train.py", "--lr", "1"], ARGV) == []
+    assert notes(["--timer-only", "train.py", "--help"], TRAIN) == []
+
+
+def test_a_name_the_script_defines_is_its_own_and_perfrun_says_so() -> None:
+    assert notes(["lr.py", "--scheduler", "cosine", "--timer-only"], LR) == [
+        "--scheduler went to lr.py, which defines it; perfrun's goes before the script"
     ]
-    _, after, target = split_run_argv(["train.py", "--timer-onyl"])
-    assert cli.after_script_notes(after, target) == [
+    both = ScriptOptions(frozenset({"--scheduler", "--output"}))
+    assert notes(["t.py", "--scheduler", "a", "--output", "o", "--scheduler", "b"], both) == [
+        "--scheduler, --output went to t.py, which defines them; perfrun's go before the script"
+    ]
+
+
+def test_what_perfrun_takes_from_a_script_it_cannot_read_fully_is_said() -> None:
+    assert notes(["argv.py", "30", "--timer-only", "--stop-after", "5"], ARGV) == [
+        "took --timer-only --stop-after 5 as perfrun's, though argv.py reads sys.argv itself; "
+        "for the script, put them after --"
+    ]
+    assert notes(["-m", "pkg.train", "--warmup=2"], ScriptOptions(unsure="has a source perfrun "
+                                                                          "did not find")) == [
+        "took --warmup=2 as perfrun's, though pkg.train has a source perfrun did not find; "
+        "for the script, put it after --"
+    ]
+
+
+def test_an_option_argparse_would_take_as_an_abbreviation_is_said() -> None:
+    # argparse takes --warmup for the script's --warmup-epochs (allow_abbrev).
+    assert notes(["lr.py", "--warmup", "2"], LR) == [
+        "took --warmup as perfrun's, though argparse would give it to lr.py's --warmup-epochs; "
+        "for the script, write that in full"
+    ]
+    strict = ScriptOptions(LR.names, abbreviates=False)
+    assert notes(["lr.py", "--warmup", "2"], strict) == []
+
+
+def test_a_misspelt_perfrun_option_passed_to_the_script_is_said() -> None:
+    assert notes(["train.py", "--timer-onyl"], TRAIN) == [
         "passed --timer-onyl to the script as its own argument; perfrun's option is --timer-only"
     ]
-    _, after, target = split_run_argv(["train.py", "--batch-size", "3"])
-    assert cli.after_script_notes(after, target) == []
+    # Not where the script defines that spelling itself.
+    own = ScriptOptions(frozenset({"--batch_size"}))
+    assert notes(["train.py", "--batch_size", "3"], own) == []
+    assert notes(["train.py", "--batch_size", "3"], NOTHING) == [
+        "passed --batch_size to the script as its own argument; perfrun's option is --batch-size"
+    ]
 
 
 def test_every_run_option_is_known_to_the_splitter() -> None:
@@ -154,6 +264,27 @@ def test_every_run_option_is_known_to_the_splitter() -> None:
         "-h": 0,
     }.items():
         assert table[name] == takes, name
+
+
+def test_run_target_names_what_runs_and_what_follows_it() -> None:
+    assert cli.run_target(["--timer-only", "t.py", "--lr", "1", "--", "x"]) == cli.Target(
+        "script", "t.py", 2, ["--lr", "1"]
+    )
+    assert cli.run_target(["-m", "pkg.train", "a"]) == cli.Target("module", "pkg.train", 2, ["a"])
+    assert cli.run_target(["--timer-only"]) is None
+    assert cli.run_target(["--", "t.py", "--timer-only"]) is None
+
+
+def test_the_script_is_read_only_when_an_option_follows_it(tmp_path: Path) -> None:
+    # A script python could not compile: reading it says so, not reading it
+    # leaves NOTHING.
+    script = tmp_path / "broken.py"
+    script.write_text("import argparse\ndef main(:\n")
+    assert cli._script_defines([str(script), "100"]) is NOTHING
+    assert cli._script_defines([str(script), "--", "--scheduler"]) is NOTHING
+    assert cli._script_defines([str(script), "--lr", "1"]).unsure == (
+        "could not be read (SyntaxError)"
+    )
 
 
 # -- main(): errors found before anything runs ------------------------------------------
@@ -182,7 +313,7 @@ def test_main_hint_keeps_the_script_arguments(
 ) -> None:
     assert cli.main(["train.py", *argv]) == ExitCode.USAGE
     err = capsys.readouterr().err
-    assert f"; {named} after train.py was read as perfrun's option" in err
+    assert f"; {named} after train.py was read as perfrun's." in err
     assert err.rstrip().endswith(f"perfrun train.py -- {fix}")
 
 

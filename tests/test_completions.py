@@ -106,11 +106,16 @@ def test_bash_script_parses() -> None:
 @pytest.mark.parametrize(
     ("words", "cword", "expected"),
     [
-        ("perfrun r", 1, ["plain,report", "plain,run"]),
+        # A word that is no command may be the script: files complete too.
+        ("perfrun r", 1, ["plain,report", "plain,run", "file,r"]),
         ("perfrun run --sch", 2, ["plain,--scheduler"]),
         ("perfrun report --format ", 3,
          ["plain,table", "plain,json", "plain,markdown", "plain,html"]),
-        ("perfrun w", 1, ["plain,watch"]),
+        ("perfrun w", 1, ["plain,watch", "file,w"]),
+        # The README's forms, without the word `run`: options before the
+        # script and after it.
+        ("perfrun --tim", 1, ["plain,--timer-only", "plain,--time-unit"]),
+        ("perfrun scripts/example_train.py --tim", 2, ["plain,--timer-only", "plain,--time-unit"]),
     ],
 )
 def test_completion_answers(words: str, cword: int, expected: list[str]) -> None:
@@ -120,14 +125,17 @@ def test_completion_answers(words: str, cword: int, expected: list[str]) -> None
 
 
 @pytest.mark.slow
-def test_installed_bash_completion_completes_options() -> None:
-    """The committed bash script, sourced, completes through a real `perfrun`."""
+@pytest.mark.parametrize("words", ["perfrun run --time", "perfrun --time",
+                                   "perfrun scripts/example_train.py --epochs 1 --time"])
+def test_installed_bash_completion_completes_options(words: str) -> None:
+    """The committed bash script, sourced, completes through a real `perfrun`,
+    with the word `run` and without it, before the script and after it."""
     bin_dir = Path(sys.executable).parent
     if shutil.which("bash") is None or not (bin_dir / "perfrun").exists():
         pytest.skip("needs bash and the perfrun command next to this Python")
     script = (
         f"source {COMPLETIONS / 'perfrun.bash'}\n"
-        "COMP_WORDS=(perfrun run --time); COMP_CWORD=2\n"
+        f"COMP_WORDS=({words}); COMP_CWORD={len(words.split()) - 1}\n"
         "_perfrun_completion perfrun\n"
         'printf "%s\\n" "${COMPREPLY[@]}"\n'
     )
@@ -136,3 +144,54 @@ def test_installed_bash_completion_completes_options() -> None:
                           timeout=TIMEOUT, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["--timer-only", "--time-unit"]
+
+
+# -- what completes, in-process: click's own completion over the app ------------------
+
+EXAMPLE = str(ROOT / "scripts" / "example_train.py")
+LR_SCHEDULE = str(ROOT / "tests" / "scripts" / "lr_schedule_train.py")
+
+
+def completions(words: str) -> list[str]:
+    """What `perfrun WORDS<Tab>` offers: the last word is the one being
+    completed (empty after a trailing space), as the shell hands it over."""
+    from click.shell_completion import ShellComplete
+
+    from perfrun.cli import cli
+
+    args = words.split()[1:]
+    incomplete = "" if words.endswith(" ") else args.pop()
+    complete = ShellComplete(cli, {}, "perfrun", "_PERFRUN_COMPLETE")
+    return [f"{item.type},{item.value}" for item in complete.get_completions(args, incomplete)]
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        # Options before the script, with and without the word `run`.
+        ("perfrun --tim", ["plain,--timer-only", "plain,--time-unit"]),
+        ("perfrun run --tim", ["plain,--timer-only", "plain,--time-unit"]),
+        ("perfrun --nproc", ["plain,--nproc-per-node"]),
+        ("perfrun --ver", ["plain,--version"]),
+        ("perfrun --timer-only --sch", ["plain,--scheduler"]),
+        # An option's values, and the script itself, after options.
+        ("perfrun --step-on f", ["plain,forward"]),
+        ("perfrun --timer-only tr", ["file,tr"]),
+        # After the script: perfrun's options, and the script's own (read
+        # from its source), each once.
+        (f"perfrun {EXAMPLE} --tim", ["plain,--timer-only", "plain,--time-unit"]),
+        (f"perfrun {EXAMPLE} --scheduler 1 2 --stop-a",
+         ["plain,--stop-after", "plain,--stop-after-window"]),
+        (f"perfrun {EXAMPLE} --ep", ["plain,--epochs"]),
+        (f"perfrun {EXAMPLE} --batch", ["plain,--batch-size"]),
+        (f"perfrun {LR_SCHEDULE} --sch", ["plain,--scheduler"]),
+        (f"perfrun run {EXAMPLE} --sam", ["plain,--samples"]),
+        # After `--`, all is the script's: perfrun offers nothing.
+        (f"perfrun {EXAMPLE} -- --tim", []),
+        # The commands still complete.
+        ("perfrun rep", ["plain,report", "file,rep"]),
+        ("perfrun report --format j", ["plain,json"]),
+    ],
+)
+def test_both_forms_complete(words: str, expected: list[str]) -> None:
+    assert completions(words) == expected

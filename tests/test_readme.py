@@ -135,6 +135,13 @@ def test_every_readme_command_runs_as_written(work: Path) -> None:
         done = run(work, command)
         assert done.returncode in expect.get(command, (ExitCode.OK,)), described(done)
         assert "Traceback" not in done.stderr, described(done)
+        if command == "perfrun train.py --scheduler 100 110":
+            # The headline: perfrun's window written after the script, taken
+            # without a note (train.py defines no --scheduler of its own).
+            said = [line.split(" ", 2)[1] for line in done.stderr.splitlines()
+                    if line.startswith("perfrun: ")]
+            assert said == ["profiling", "results"], described(done)
+            assert "Window: steps [100, 110)" in done.stdout, described(done)
         if command == "perfrun --nsys train.py":
             [line] = done.stderr.splitlines()
             assert "nsys" in line and line.startswith("perfrun: error: "), line
