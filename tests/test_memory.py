@@ -158,8 +158,11 @@ def test_kept_outputs_creep_and_counted_ones_do_not(run_perfrun: RunPerfrun) -> 
     report = run.report()
     (rank,) = creeping(report)
     assert rank["label"] == "rank 0" and rank["measure"] == "rss"
+    # The script's own reading after each step is the ground truth; what
+    # it keeps is the floor (the heap grows by a little more than that).
     per_step = rank["creep"]["slope_bytes_per_step"]
-    assert per_step == pytest.approx(printed(run.out, "LOGITS_BYTES"), rel=0.15)
+    assert per_step == pytest.approx(printed(run.out, "RSS_SLOPE"), rel=0.1)
+    assert per_step > 0.95 * printed(run.out, "LOGITS_BYTES")
     kinds = [a["kind"] for a in report["advice"]]
     assert "memory-creep" in kinds
 

@@ -6,16 +6,33 @@ the process's memory grows by a batch of logits a step until the epoch
 ends. `--count` counts the correct predictions as it goes, a number a
 step, and keeps no tensor: the flat run.
 
-Prints `LOGITS_BYTES <n>`: what one step's kept logits hold.
+Prints `LOGITS_BYTES <n>`: what one step's kept logits hold, and
+`RSS_SLOPE <n>`: the growth of the process's resident memory a step, read
+by the script itself from /proc/self/statm after each step and fitted by
+least squares over the steps past the first tenth.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def slope(points: list[tuple[int, int]]) -> float:
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
 
 
 def main() -> None:
@@ -38,7 +55,8 @@ def main() -> None:
     model.train()
     all_outputs, all_targets = [], []
     correct = seen = 0
-    for inputs, targets in loader:
+    memory = []
+    for step, (inputs, targets) in enumerate(loader):
         optimizer.zero_grad()
         outputs = model(inputs)
         loss = criterion(outputs, targets)
@@ -50,11 +68,13 @@ def main() -> None:
         else:
             all_outputs.append(outputs)
             all_targets.append(targets)
+        memory.append((step, rss()))
     if not args.count:
         predictions = torch.cat(all_outputs).argmax(dim=1)
         correct, seen = (predictions == torch.cat(all_targets)).sum().item(), len(predictions)
     print(f"accuracy {correct / seen:.4f}")
     print(f"LOGITS_BYTES {args.batch_size * args.classes * 4}")
+    print(f"RSS_SLOPE {slope(memory[len(memory) // 10:]):.0f}")
 
 
 if __name__ == "__main__":
