@@ -46,8 +46,9 @@ ALLOWED: dict[str, set[str]] = {
 RUNTIME_ANALYSIS = {"perfrun.analysis.trace", "perfrun.analysis.tracefile",
                     "perfrun.analysis.intervals", "perfrun.analysis.modules"}
 #: What the launcher may take from the runtime: the helpers that tie a
-#: rank's life to perfrun's.
-LAUNCHER_RUNTIME = {"perfrun.runtime.lifeline"}
+#: rank's life to perfrun's, and the memory cgroup's readings (its limit, its
+#: out-of-memory kills) that both read.
+LAUNCHER_RUNTIME = {"perfrun.runtime.lifeline", "perfrun.runtime.memory"}
 
 
 def _modules() -> dict[str, Path]:

@@ -199,3 +199,98 @@ def test_dataloader_workers_copying_python_objects_creep(run_perfrun: RunPerfrun
     report = flat.report()
     assert [p["kind"] for p in report["memory"]["processes"]].count("DataLoader 0 worker") == 2
     assert creeping(report) == []
+
+
+# -- the out-of-memory killer --------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_cgroup(tmp_path: Path):
+    """A memory cgroup of 1 GiB under this process's own, for a run the
+    out-of-memory killer ends for real; skipped where one cannot be made
+    (not root, no writable memory controller)."""
+    from perfrun.runtime.memory import cgroup_dirs
+
+    with open("/proc/self/cgroup", encoding="ascii") as f:
+        dirs = cgroup_dirs(f.read())
+    if not dirs:
+        pytest.skip("no memory cgroup")
+    folder = os.path.join(dirs[0], f"perfrun-oom-{os.getpid()}")
+    try:
+        os.mkdir(folder)
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    try:
+        for name in ("memory.limit_in_bytes", "memory.max"):
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                with open(path, "w", encoding="ascii") as f:
+                    f.write(str(1 << 30))
+                break
+        else:
+            pytest.skip("the memory cgroup has no limit to set")
+        yield folder
+    finally:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
+@pytest.mark.slow
+def test_a_rank_the_oom_killer_ends_is_named_with_its_step(memory_cgroup: str,
+                                                           tmp_path: Path) -> None:
+    """The kept-logits loop in a 1 GiB cgroup: the kernel's out-of-memory
+    killer ends the script. perfrun's exit is the script's (SIGKILL: 137),
+    and the report says who killed it, after how many steps, and its memory
+    then."""
+    import subprocess
+    import sys
+
+    from perfrun.analysis.report import build_report
+    from perfrun.store.results import read_run
+
+    log = tmp_path / "log"
+    procs = os.path.join(memory_cgroup, "cgroup.procs")
+    command = (f"echo $$ > {procs} && exec {sys.executable} -m perfrun --log-dir {log} "
+               f"{SCRIPTS / 'mem_outputs.py'} --steps 5000")
+    done = subprocess.run(["sh", "-c", command], capture_output=True, timeout=300)
+    assert done.returncode in (137, -9), done.stderr.decode()
+    (run_dir,) = [p for p in log.iterdir() if p.is_dir() and not p.is_symlink()]
+    run = read_run(str(run_dir))
+    assert run.meta["oom_kills"] >= 1
+    report = build_report(run)
+    (problem,) = report.problems
+    steps = report.title.steps_recorded
+    assert problem.startswith(
+        f"rank 0: killed by the out-of-memory killer (SIGKILL) after {steps} steps")
+    assert "its resident memory was" in problem and "it may use 1.0 GiB" in problem
+    # The rank saw its cgroup's limit, not the machine's memory.
+    assert report.memory is not None and report.memory.limit == 1 << 30
+
+
+def test_cgroup_folders_innermost_first() -> None:
+    from perfrun.runtime.memory import cgroup_dirs
+
+    v1 = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
+    assert cgroup_dirs(v1, "/cg") == ["/cg/memory/process_api/abc", "/cg/memory/process_api",
+                                      "/cg/memory"]
+    v2 = "0::/system.slice/job.scope\n"
+    assert cgroup_dirs(v2, "/cg") == ["/cg/system.slice/job.scope", "/cg/system.slice", "/cg"]
+    assert cgroup_dirs("", "/cg") == []
+
+
+def test_a_sigkill_with_an_oom_kill_in_the_cgroup_names_the_oom_killer() -> None:
+    from builders import make_rank, make_rows
+
+    from perfrun.analysis.ranks import Ending, rank_problem
+
+    rank = make_rank(make_rows([{"forward": 0.01}] * 40), status="running")
+    rank.data["memory"] = {"limit": 1 << 30, "process": {
+        "name": "main", "measure": "rss", "peak": 900 << 20, "points": [[39, 900 << 20]]}}
+    killed = rank_problem(rank, Ending(status=-9, oom_kills=1))
+    assert killed is not None and killed.startswith(
+        "killed by the out-of-memory killer (SIGKILL) after 40 steps (its resident memory was "
+        "900 MiB at step 39, its last sample; it may use 1.0 GiB)")
+    plain = rank_problem(rank, Ending(status=-9, oom_kills=0))
+    assert plain is not None and plain.startswith("killed by SIGKILL after 40 steps")

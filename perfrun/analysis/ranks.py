@@ -55,6 +55,10 @@ class Ending:
     by: Optional[float] = None
     #: What started it: "python" (perfrun itself) or "torchrun".
     launcher: Optional[str] = None
+    #: Processes the out-of-memory killer ended in the run's memory cgroup
+    #: while it ran (the launcher's count before and after); None when the
+    #: kernel does not say.
+    oom_kills: Optional[int] = None
 
 
 def run_endings(run: RunResults) -> dict[int, Ending]:
@@ -67,6 +71,8 @@ def run_endings(run: RunResults) -> dict[int, Ending]:
     started, elapsed = meta.get("started"), meta.get("elapsed")
     by = (float(started) + float(elapsed)
           if _number(started) and _number(elapsed) else None)
+    ooms = meta.get("oom_kills")
+    oom_kills = ooms if isinstance(ooms, int) and not isinstance(ooms, bool) else None
     out = {}
     for rank in run.ranks:
         if launcher == "python":
@@ -74,7 +80,7 @@ def run_endings(run: RunResults) -> dict[int, Ending]:
             status = code if isinstance(code, int) and not isinstance(code, bool) else None
         else:
             status = run.exit_codes.get(rank.rank)
-        out[rank.rank] = Ending(status=status, by=by, launcher=launcher)
+        out[rank.rank] = Ending(status=status, by=by, launcher=launcher, oom_kills=oom_kills)
     return out
 
 
@@ -162,6 +168,24 @@ def _unsaved(rank: RankResult, ending: Ending, what: str,
             f"{why}")
 
 
+def _memory_then(rank: RankResult) -> str:
+    """The rank's memory at its last sample, against what it may use."""
+    memory = rank.data.get("memory")
+    process = memory.get("process") if isinstance(memory, Mapping) else None
+    points = process.get("points") if isinstance(process, Mapping) else None
+    if not points or not isinstance(points[-1], list) or len(points[-1]) != 2:
+        return ""
+    step, value = points[-1]
+    limit = memory.get("limit")
+    of = (f"; it may use {_mib(limit)}" if isinstance(limit, int) and limit > 0
+          and not isinstance(limit, bool) else "")
+    return f" (its resident memory was {_mib(value)} at step {step}, its last sample{of})"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
 def rank_problem(
     rank: RankResult,
     ending: Optional[Ending] = None,
@@ -211,6 +235,9 @@ def rank_problem(
             )
         if code is not None:
             sig = _signal_name(-code)
+            if -code == signal.SIGKILL and ending.oom_kills:
+                return (f"{root}killed by the out-of-memory killer (SIGKILL) {when}{later}"
+                        + _memory_then(rank) + _unsaved(rank, ending, sig, step_time))
             return f"{root}killed by {sig} {when}{later}" + _unsaved(rank, ending, sig, step_time)
         return (f"{root}died {when}{later}"
                 + _unsaved(rank, ending, "a process killed outright", step_time))

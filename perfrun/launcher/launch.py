@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from ..exitcodes import ExitCode
 from ..runtime.lifeline import parent_death_signal
+from ..runtime.memory import oom_kills
 from ..settings import Settings, child_environment
 from ..store import layout
 from ..store.runmeta import write_job_meta, write_run_meta
@@ -431,6 +432,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         except (OSError, ValueError):
             pass
     start = time.monotonic()
+    ooms_before = oom_kills()
     outcome_flags: dict[str, bool] = {"hung": False}
     host_load = _start_host_load()
     try:
@@ -449,6 +451,11 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
             signal.signal(sig, handler)
     elapsed = time.monotonic() - start
     meta.update({"returncode": returncode, "elapsed": elapsed})
+    ooms_after = oom_kills()
+    if ooms_before is not None and ooms_after is not None:
+        # The out-of-memory killer's work in the run's cgroup while it ran:
+        # a rank killed outright then is said to be its victim.
+        meta["oom_kills"] = max(0, ooms_after - ooms_before)
     evidence = _stop_host_load(host_load)
     if evidence is not None:
         meta["host_load"] = evidence

@@ -205,24 +205,81 @@ def _child_name(child: Any, parent: Any) -> str:
     return text[:60]
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_dirs(proc_cgroup: str, root: str = CGROUP_ROOT) -> list[str]:
+    """The memory cgroup folders of a process, innermost first (its own,
+    then each parent up to the root), from /proc/PID/cgroup's text: the
+    v1 memory controller's where one is mounted, else the v2 hierarchy's."""
+    v1 = v2 = None
+    for line in proc_cgroup.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "memory" in parts[1].split(","):
+            v1 = os.path.join(root, "memory") + parts[2]
+        elif parts[0] == "0" and parts[1] == "":
+            v2 = root + parts[2]
+    own = v1 or v2
+    if own is None:
+        return []
+    base = os.path.join(root, "memory") if v1 else root
+    out = []
+    path = os.path.normpath(own)
+    while True:
+        out.append(path)
+        if path == os.path.normpath(base) or len(path) <= len(root):
+            break
+        path = os.path.dirname(path)
+    return out
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return None
+
+
+def _own_cgroup_dirs() -> list[str]:
+    text = _read("/proc/self/cgroup")
+    return cgroup_dirs(text) if text else []
+
+
 def memory_limit(psutil: Any) -> Optional[int]:
-    """The memory this rank can use at most: the cgroup's limit where one is
-    set below the machine's memory (a container, a Slurm job), else the
-    machine's."""
+    """The memory this rank can use at most: the lowest limit of its memory
+    cgroup and their parents (a container, a Slurm job) where that is below
+    the machine's memory, else the machine's."""
     total: Optional[int]
     try:
         total = int(psutil.virtual_memory().total)
     except Exception:
         total = None
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path, encoding="ascii") as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limit = int(text)
-            if total is None or limit < total:
-                return limit
-        break
+    limits = []
+    for folder in _own_cgroup_dirs():
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            text = (_read(os.path.join(folder, name)) or "").strip()
+            if text.isdigit():
+                limits.append(int(text))
+    limit = min(limits) if limits else None
+    if limit is not None and (total is None or limit < total):
+        return limit
     return total
+
+
+def oom_kills() -> Optional[int]:
+    """How many processes the out-of-memory killer has ended in this
+    process's memory cgroup so far (v2 `memory.events`, v1
+    `memory.oom_control`), or None where the kernel does not say."""
+    for folder in _own_cgroup_dirs()[:1]:
+        for name in ("memory.events", "memory.oom_control"):
+            text = _read(os.path.join(folder, name))
+            if not text:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+    return None

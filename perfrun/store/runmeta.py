@@ -61,6 +61,9 @@ RUN_META = Obj({
     "pid": Opt(INT),
     "node_rank": Opt(INT),
     "signals": Opt(ListOf(STR)),
+    # Processes the out-of-memory killer ended in the run's memory cgroup
+    # while the run ran (absent where the kernel does not say).
+    "oom_kills": Opt(INT),
     "combined_from": Opt(ListOf(STR)),
     "host_load": Opt(HOST_LOAD),
     # A multi-node job's folder (launcher/job.py): the job, and each node's
