@@ -31,6 +31,7 @@ from .store.results import (
     NO_TORCH,
     RunResults,
     never_imported_torch,
+    not_a_run_folder,
     read_run,
     resolve_run_dir,
 )
@@ -625,11 +626,12 @@ def status(path: str) -> int:
     folder holds no run."""
     import time
 
-    from .launcher.hang import odd_one_out, read_positions, status_lines
+    from .launcher.hang import lag_note, odd_one_out, read_positions, status_lines
     from .store.results import is_run_dir
 
     if not os.path.isdir(path):
-        sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
+        why = not_a_run_folder(path) if os.path.exists(path) else f"no such folder: {path}"
+        sys.stderr.write(f"perfrun: error: {why}\n")
         return ExitCode.BAD_RESULTS
     run_dir = path if is_run_dir(path) else resolve_run_dir(path)
     if not is_run_dir(run_dir):
@@ -646,7 +648,7 @@ def status(path: str) -> int:
     odd = odd_one_out([p for p in positions if p.status == "running"], now)
     if odd:
         print(odd)
-    if any(p.buffered for p in positions):
-        print("(timer-only mode: positions may lag the ranks by up to 0.5 s, plus the 2 s "
-              "between saves)")
+    lag = lag_note(positions, status=True)
+    if lag is not None:
+        print(lag)
     return ExitCode.OK

@@ -45,7 +45,8 @@ def rank_problem(
 
     `alive`: whether the rank's process is still running (known where it
     runs on this machine; None where it cannot be known). A `running` file
-    of a live process is a run in progress, not a death.
+    of a live process is a run in progress: no problem at all (the report
+    says it is running, `running_sentence`).
 
     `running` in a file read after the run means the rank never wrote its
     final record: it died (SIGKILL, OOM killer, a hard crash) and what is left
@@ -62,7 +63,7 @@ def rank_problem(
     exit_info = rank.data.get("exit") or {}
     if status == "running":
         if alive:
-            return f"still running ({steps_phrase(n)} so far; this report is of its last save)"
+            return None
         when = f"after {steps_phrase(n)}" if n else "before its first step"
         if exit_status is not None and exit_status >= 0:
             return (
@@ -86,6 +87,20 @@ def rank_problem(
             return "recorded no steps"
         return None
     return f"ended with unknown status {status!r} after {steps_phrase(n)}"
+
+
+def running_sentence(running: Sequence[tuple[int, int]]) -> Optional[str]:
+    """What a report of a run in progress says of its live ranks, each a
+    (rank, steps so far): that they run, and that the report is of their
+    last save. None when no rank is running."""
+    if not running:
+        return None
+    if len(running) == 1:
+        rank, n = running[0]
+        return (f"rank {rank} is still running ({steps_phrase(n)} so far): this report is of "
+                "its last save")
+    names = ",".join(str(rank) for rank, _n in running)
+    return f"ranks {names} are still running: this report is of their last saves"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,13 @@ from perfrun.analysis.device import DeviceSummary, device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
-from perfrun.analysis.ranks import MultiRankSummary, multi_rank_summary, rank_problem, steps_phrase
+from perfrun.analysis.ranks import (
+    MultiRankSummary,
+    multi_rank_summary,
+    rank_problem,
+    running_sentence,
+    steps_phrase,
+)
 from perfrun.analysis.selection import counted, disturbed_steps, profiled_steps, rank_window
 from perfrun.analysis.series import PageSeries, page_series
 from perfrun.analysis.stats import default_warmup
@@ -108,6 +114,9 @@ class Title:
     # The counted steps ran forward passes and no backward, no optimizer
     # step: an inference or evaluation loop, not training.
     forward_only: bool = False
+    # A run in progress: which ranks are still running, said in a sentence
+    # (ranks.running_sentence); None for a run that has ended.
+    running: Optional[str] = None
 
     def entries(self) -> list[tuple[str, str]]:
         """The title as (label, sentence) pairs, shared by every renderer
@@ -116,6 +125,8 @@ class Title:
         if self.command:
             out.append(("Command", self.command))
         out.append(("Results", self.run_dir))
+        if self.running:
+            out.append(("Running", self.running))
         if self.world_size > 1:
             who = f"; summaries are rank {self.rank}'s" if self.rank is not None else ""
             out.append(("Ranks", f"{self.world_size}{who}"))
@@ -178,6 +189,7 @@ class Title:
             "window_steps": self.window_steps,
             "window_parts": list(self.window_parts),
             "forward_only": self.forward_only,
+            "running": self.running,
         }
 
 
@@ -437,6 +449,7 @@ def build_report(
         first, last = (disturbed or profiled or window)
         edges = ((min(first, window[0]), window[0]), window, (window[1], max(last, window[1])))
         parts = tuple(max(0, min(hi, n_rows) - max(lo, warmup)) for lo, hi in edges)  # type: ignore[assignment]
+    live = set(alive)
     title = Title(
         command=_command(run, ref),
         run_dir=run.run_dir,
@@ -451,6 +464,8 @@ def build_report(
         window_steps=after_warmup - steps.count,
         profiled=profiled or window,
         window_parts=parts,
+        running=running_sentence(
+            [(r.rank, r.n_steps) for r in ranks if r.status == "running" and r.rank in live]),
     )
     report = Report(title=title, sections=_sections(ref))
     report.problem = _no_measurement(run)
@@ -460,14 +475,14 @@ def build_report(
     report.faults = _faults(ranks)
 
     if run.world_size > 1 or run.missing:
-        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, alive)
+        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, live)
         report.problems = report.ranks.problems
     else:
         status = _launcher_exit_status(run)
         report.problems = [
             f"rank {r.rank}: {p}"
             for r in ranks
-            if (p := rank_problem(r, status, alive=r.rank in set(alive)))
+            if (p := rank_problem(r, status, alive=r.rank in live))
         ]
     if report.problem is not None:
         # "recorded no steps" only repeats what `problem` already says.

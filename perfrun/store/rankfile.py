@@ -217,6 +217,7 @@ RANK_FILE = Obj({
         "module": Opt(STR),
         "script_args": Opt(ListOf(STR)),
         "scheduler": Opt(ListOf(INT, 2)),
+        "timer_only": Opt(BOOL),
         "warmup": Opt(INT),
         "summary": Opt(OBJ),
     }),
