@@ -152,9 +152,12 @@ def write_report_html(report: Optional[Report], comparison: Optional[Comparison]
     """Write `report.html` into the run folder at the end of a run: the page
     to `scp` to a laptop. It must never cost the run its result: any
     failure (a missing plotly, a full disk, a bug in the page) is one note
-    on stderr, and the exit status is the one the run would have had."""
-    if report is None:
-        return None  # the short no-torch report: nothing to draw
+    on stderr, and the exit status is the one the run would have had. A
+    run without steps (a script that failed before its loop, never imported
+    torch, or was asked for --help) gets no page: it would be megabytes of
+    charts of nothing, in every such folder."""
+    if report is None or report.problem is not None:
+        return None  # no step to draw
     try:
         from .report import html as page
 

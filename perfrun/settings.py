@@ -368,12 +368,13 @@ class Settings:
         help="End the script cleanly after N steps and report.",
     )
     nvtx: bool = option("--no-nvtx", default=True, yaml=_as_bool, help="Do not emit NVTX ranges.")
-    #: Runs kept in the log folder (the oldest beyond are removed when a
-    #: run starts; launcher/retention.py); 0 keeps all.
+    #: Runs with steps kept in the log folder (the oldest beyond are
+    #: removed once a run has started, runs without steps first;
+    #: launcher/retention.py); 0 keeps all.
     keep: int = option(
         "--keep", default=20, type=int, metavar="N", yaml=_as_int,
-        help="Runs kept in the log folder: the oldest beyond N are removed when a run "
-        "starts (default 20; 0 keeps all).",
+        help="Runs with steps kept in the log folder: once a run has started, the oldest "
+        "beyond N are removed, runs without steps first (default 20; 0 keeps all).",
     )
     #: The most MiB a rank's window trace file may take on disk; a larger
     #: trace keeps the window's first steps only (runtime/window.py). 0: no
