@@ -21,7 +21,8 @@ class ExitCode(enum.IntEnum):
     #: The command line could not be parsed (click's own convention).
     USAGE = 2
     #: A configuration problem found before anything ran: bad YAML, unknown
-    #: key, bad scheduler window, unwritable log directory, missing nsys.
+    #: key, bad scheduler window, unwritable log directory, missing nsys, a
+    #: script the system refuses to start (an argument list past its limit).
     CONFIG = 64
     #: The script or module to profile does not exist.
     NO_SCRIPT = 65

@@ -12,6 +12,8 @@ whose nodes share the folder), and `latest`, a link to the newest. A run
 folder holds:
 
     run.json                       the launcher's record (runmeta.py)
+    settings.json                  what the ranks boot with (settings.child_settings;
+                                   nodes/settings.node<K>.json in a job folder)
     rank<R>.json                   a rank's document (rankfile.py); after an
     rank<R>.restart<K>.json          elastic restart, one per restart
     rank<R>.steps                  its steps, appended (stepfile.py)
@@ -40,6 +42,9 @@ import re
 LATEST = "latest"
 #: The launcher's record of the run (runmeta.py).
 RUN_META = "run.json"
+#: The settings the ranks boot with, read by boot/sitecustomize.py (a file,
+#: not the environment: the argument list is in it, of any length).
+SETTINGS_FILE = "settings.json"
 #: Each node's own launcher record, in a multi-node job's folder.
 NODES_DIR = "nodes"
 #: The detailed window's traces.
@@ -168,6 +173,14 @@ def node_key_of(name: str) -> str | None:
 
 def node_path(run_dir: str, key: str) -> str:
     return os.path.join(run_dir, NODES_DIR, node_filename(key))
+
+
+def settings_path(run_dir: str, node: str | None = None) -> str:
+    """Where a launcher leaves the settings its ranks boot with: one file
+    per run, or per node in a job folder (each node's paths may differ)."""
+    if node is None:
+        return os.path.join(run_dir, SETTINGS_FILE)
+    return os.path.join(run_dir, NODES_DIR, f"settings.node{node}.json")
 
 
 def node_torchrun_status(key: str) -> str:
