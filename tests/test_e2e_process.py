@@ -414,7 +414,8 @@ def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) ->
     assert "profiling disabled" not in result.stderr
     run_dir = run_dir_of(log)
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        "pipeline", "rank0.json", "rank0.steps", "report.html", "run.json"]
+        "pipeline", "rank0.json", "rank0.steps", "report.html", "run.json",
+        "settings.json"]
     # The workers write their batches' table (the Data Pipeline's), no more.
     tables = sorted(p.name for p in (run_dir / "pipeline").iterdir())
     assert tables[0] == "rank0.loader0.fetches", tables
