@@ -127,13 +127,17 @@ def show_report(
     warmup: Optional[int],
     view: Optional[dict[str, Any]] = None,
     page: bool = False,
+    meta: Optional[dict[str, Any]] = None,
 ) -> Optional[Report]:
     """Print (or write to `output`) the report of `run_dir` as `fmt`, and
     return the Report; None when the run never imported torch and its
     short report was printed instead. `page`: the Report will be drawn as
     report.html too (what only the page draws is computed for html alone).
-    Raises ResultsError, OSError."""
+    `meta`: the launcher's record of the run, when run.json could not be
+    brought up to date (a full disk). Raises ResultsError, OSError."""
     run = read_run(run_dir)
+    if meta is not None:
+        run.meta.update(meta)
     if fmt == "table" and output is None and never_imported_torch(run):
         _print_no_torch(run)
         return None
@@ -221,6 +225,8 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         say(f"error: {exc}")
         return int(exc.code)
     returncode = outcome.returncode
+    if outcome.meta_unsaved:
+        say(f"note: {outcome.meta_unsaved}; the report below has the run's end")
     # perfrun's own failure after the script ran: never an exit status of 0
     # (the script's own non-zero status still wins).
     failed: Optional[int] = None
@@ -231,7 +237,7 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         return gate_code if gate_code != ExitCode.OK or failed is None else failed
     try:
         shown = show_report(outcome.run_dir, settings.format, settings.output, settings.warmup,
-                            view_of(settings), page=True)
+                            view_of(settings), page=True, meta=_unsaved_meta(outcome))
         write_report_html(shown)
     except ResultsError as exc:
         say(f"error: {exc}")
@@ -257,6 +263,11 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
     if returncode == 0 and failed is not None:
         return int(failed)
     return exit_like(returncode)
+
+
+def _unsaved_meta(outcome: Outcome) -> Optional[dict[str, Any]]:
+    """The launcher's record of the run, where run.json lacks it."""
+    return outcome.meta if outcome.meta_unsaved else None
 
 
 def _save_baseline(run_dir: str, path: str) -> Optional[int]:
@@ -383,7 +394,7 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
     if report_fmt is not None:
         try:
             shown = show_report(outcome.run_dir, report_fmt, report_out, settings.warmup,
-                                view_of(settings), page=True)
+                                view_of(settings), page=True, meta=_unsaved_meta(outcome))
         except ResultsError as exc:
             say(f"error: {exc}")
             failed = ExitCode.BAD_RESULTS

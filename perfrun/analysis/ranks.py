@@ -23,6 +23,7 @@ from perfrun.analysis.selection import rank_counted
 from perfrun.analysis.stats import Stats
 from perfrun.analysis.straggler import RankSteps, Straggler
 from perfrun.analysis.straggler import decide as decide_straggler
+from perfrun.store.files import full_reason
 from perfrun.store.rankfile import RankResult
 from perfrun.store.stepfile import PHASES
 
@@ -38,10 +39,45 @@ def steps_phrase(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
+def unsaved_problem(rank: RankResult) -> Optional[str]:
+    """Where the rank's results stop when its last save could not write
+    every step it held (a full disk), or None. Its own words: what is
+    reported is what was saved, and the steps after it are not."""
+    unsaved = rank.data.get("unsaved")
+    if not isinstance(unsaved, dict):
+        return None
+    code = unsaved.get("errno")
+    why = full_reason(code if isinstance(code, int) else None, unsaved.get("error"))
+    lost = unsaved.get("steps")
+    n = rank.n_steps
+    where = f"at step {n}" if n else "before the first step"
+    text = f"results stopped {where}: {why}"
+    if isinstance(lost, int) and lost > 0:
+        were = "was" if lost == 1 else "were"
+        text += (f"; the {steps_phrase(lost)} after it {were} not saved" if n else
+                 f"; {steps_phrase(lost)} {were} not saved")
+    return text
+
+
 def rank_problem(
     rank: RankResult, exit_status: Optional[int] = None, alive: Optional[bool] = None
 ) -> Optional[str]:
-    """What went wrong with this rank, in a few words, or None.
+    """What went wrong with this rank, in a few words, or None: how it
+    ended (`ended_problem`), after where its results stop if a full disk
+    cut them short (`unsaved_problem`)."""
+    ended = ended_problem(rank, exit_status, alive)
+    lost = unsaved_problem(rank)
+    if lost is None:
+        return ended
+    if ended is None or ended == "recorded no steps":
+        return lost
+    return f"{lost}; {ended}"
+
+
+def ended_problem(
+    rank: RankResult, exit_status: Optional[int] = None, alive: Optional[bool] = None
+) -> Optional[str]:
+    """How this rank ended, when that was a problem, in a few words, or None.
 
     `alive`: whether the rank's process is still running (known where it
     runs on this machine; None where it cannot be known). A `running` file

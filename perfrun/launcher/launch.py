@@ -36,7 +36,7 @@ from ..exitcodes import ExitCode
 from ..runtime.lifeline import parent_death_signal
 from ..settings import Settings, child_environment, child_settings
 from ..store import layout
-from ..store.files import atomic_write_text
+from ..store.files import Reserve, atomic_write_text, full_reason
 from ..store.runmeta import write_job_meta, write_run_meta
 
 #: The package's folder, and the boot folder put first on the child's
@@ -58,6 +58,9 @@ FORWARDED = tuple(
     )
     if hasattr(signal, name)
 )
+#: Disk space the launcher holds back for its last record of the run
+#: (store.files.Reserve): run.json is a few kilobytes.
+RESERVE = 64 * 1024
 #: Signals a terminal sends to its whole foreground process group (Ctrl-C,
 #: Ctrl-\): the child has them already.
 TERMINAL_SIGNALS = (signal.SIGINT, getattr(signal, "SIGQUIT", signal.SIGINT))
@@ -81,6 +84,11 @@ class Outcome:
     status_path: Optional[str] = None
     #: --hang-timeout found the run hung (and reported it).
     hung: bool = False
+    #: The launcher's record of the run, as written to run.json.
+    meta: Optional[dict[str, Any]] = None
+    #: Why run.json could not be updated at the end (a full disk), or None:
+    #: then `meta` is the only record of how the run ended.
+    meta_unsaved: Optional[str] = None
 
 
 def check_target(settings: Settings) -> None:
@@ -412,7 +420,13 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     if folder.node is not None:
         meta["node_rank"] = settings.node_rank
     write_meta = _meta_writer(run_dir, folder)
-    write_meta(meta)
+    try:
+        write_meta(meta)
+    except OSError as exc:
+        raise LaunchError(f"cannot write to the log folder {settings.log_dir}: "
+                          f"{exc.strerror or exc}", ExitCode.CONFIG) from None
+    # Room for the record of how the run ended, should the disk fill.
+    reserve = Reserve(layout.reserve_path(run_dir, _owner(folder)), RESERVE)
 
     # Handlers go in before the child starts; a signal that arrives before
     # there is a child to pass it to waits for it.
@@ -446,6 +460,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         try:
             proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup())
         except OSError as exc:
+            reserve.release()
             raise LaunchError(start_failure(cmd, env, exc), ExitCode.CONFIG) from None
         host_load = _start_host_load()
         # Only once the run has started: a run that cannot start must
@@ -472,12 +487,41 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         # What perfrun was sent and passed on: the child's status then says
         # how the child took it.
         meta["signals"] = [_signal_name(s) for s in received]
-    write_meta(meta)
     if outcome_flags["hung"]:
         meta["hung"] = True
+    reserve.release()
+    if folder.node is None:
+        _clear_reserves(run_dir)
+    try:
         write_meta(meta)
+        unsaved = None
+    except OSError as exc:
+        # A full disk: the run's end is not on disk, but the report of
+        # what was kept is still printed, from this record (`meta`).
+        unsaved = f"{layout.RUN_META} not updated: {full_reason(exc.errno, exc.strerror)}"
     return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed,
-                   status_path=status_path, hung=outcome_flags["hung"])
+                   status_path=status_path, hung=outcome_flags["hung"], meta=meta,
+                   meta_unsaved=unsaved)
+
+
+def _owner(folder: RunFolder) -> str:
+    """Whose reserve: the launcher of a run, or a node of a job."""
+    return "launcher" if folder.node is None else f"node{folder.node}"
+
+
+def _clear_reserves(run_dir: str) -> None:
+    """The reserves ranks left when they were killed before their final
+    save (a one-node run: every rank has ended with the launcher's child)."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(layout.RESERVE_PREFIX):
+            try:
+                os.unlink(os.path.join(run_dir, name))
+            except OSError:
+                pass
 
 
 #: The longest single argument (or environment entry, NAME=VALUE) Linux

@@ -29,6 +29,9 @@ folder holds:
     torchrun-status.json           how torchrun's failed workers ended
     hang.txt                       the hang report (--hang-timeout)
     report.html                    the page written at the end of the run
+    .reserve-<owner>               disk space a writer holds for its last save
+                                   (files.Reserve; a rank's stem, `launcher`,
+                                   or `node<K>`), gone when the run has ended
 
 Standard library only: the rank imports this module at start.
 """
@@ -67,6 +70,9 @@ STEPS_SUFFIX = ".steps"
 JOB_PREFIX = "job-"
 #: A run folder being removed by --keep is first renamed to start so.
 REMOVING = ".perfrun-removing-"
+#: The space a writer holds back for its last save (files.Reserve), named
+#: after its owner: hidden, so no reader takes it for results.
+RESERVE_PREFIX = ".reserve-"
 #: A folder written by `perfrun combine` before it is renamed into place
 #: starts with a dot too: no name starting with "." is ever a run.
 HIDDEN = "."
@@ -181,6 +187,12 @@ def settings_path(run_dir: str, node: str | None = None) -> str:
     if node is None:
         return os.path.join(run_dir, SETTINGS_FILE)
     return os.path.join(run_dir, NODES_DIR, f"settings.node{node}.json")
+
+
+def reserve_path(run_dir: str, owner: str) -> str:
+    """The reserve of one writer of the run folder: a rank (its stem), the
+    launcher of a one-node run (`launcher`), or a job's node (`node<K>`)."""
+    return os.path.join(run_dir, RESERVE_PREFIX + owner)
 
 
 def node_torchrun_status(key: str) -> str:

@@ -268,6 +268,10 @@ RANK_FILE = Obj({
     # beside the rank file (stepfile.py) and `count` the rows written to it
     # by this save (a reader takes every whole row the file holds).
     "steps": Obj({"columns": ListOf(STR), "rows": LIST, "file": STR, "count": INT}),
+    # The steps the rank held that this save could not write (a full disk:
+    # `errno` ENOSPC), and the system's words; absent or null when every
+    # step it had was written.
+    "unsaved": Opt(Obj({"steps": INT, "errno": Opt(INT), "error": STR})),
 })
 
 #: run.json, written by the launcher beside the rank files.
@@ -352,6 +356,7 @@ SECTIONS: dict[str, Any] = {
     "notes": list,
     "position": lambda: None,
     "steps": _inline_steps,
+    "unsaved": lambda: None,
 }
 
 
