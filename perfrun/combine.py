@@ -38,6 +38,7 @@ from .store import layout
 from .store.files import ResultsError
 from .store.layout import RANK_STEM, RANK_SUBFOLDERS
 from .store.rankfile import read_rank_file
+from .store.results import not_a_run_folder
 from .store.runmeta import (
     merge_node_metas,
     read_node_metas,
@@ -209,7 +210,7 @@ def read_source(path: str) -> Source:
     """Read what `combine` needs of a run folder. Raises CombineError (66)
     when it holds no results or a rank file cannot be read."""
     if not os.path.isdir(path):
-        raise CombineError(f"no such results folder: {path}", ExitCode.BAD_RESULTS)
+        raise CombineError(not_a_run_folder(path), ExitCode.BAD_RESULTS)
     try:
         meta = read_run_meta(path)
         names = sorted(os.listdir(path))

@@ -31,6 +31,7 @@ from .store.results import (
     NO_TORCH,
     RunResults,
     never_imported_torch,
+    not_a_run_folder,
     read_run,
     resolve_run_dir,
 )
@@ -126,13 +127,17 @@ def show_report(
     warmup: Optional[int],
     view: Optional[dict[str, Any]] = None,
     page: bool = False,
+    meta: Optional[dict[str, Any]] = None,
 ) -> Optional[Report]:
     """Print (or write to `output`) the report of `run_dir` as `fmt`, and
     return the Report; None when the run never imported torch and its
     short report was printed instead. `page`: the Report will be drawn as
     report.html too (what only the page draws is computed for html alone).
-    Raises ResultsError, OSError."""
+    `meta`: the launcher's record of the run, when run.json could not be
+    brought up to date (a full disk). Raises ResultsError, OSError."""
     run = read_run(run_dir)
+    if meta is not None:
+        run.meta.update(meta)
     if fmt == "table" and output is None and never_imported_torch(run):
         _print_no_torch(run)
         return None
@@ -151,9 +156,12 @@ def write_report_html(report: Optional[Report], comparison: Optional[Comparison]
     """Write `report.html` into the run folder at the end of a run: the page
     to `scp` to a laptop. It must never cost the run its result: any
     failure (a missing plotly, a full disk, a bug in the page) is one note
-    on stderr, and the exit status is the one the run would have had."""
-    if report is None:
-        return None  # the short no-torch report: nothing to draw
+    on stderr, and the exit status is the one the run would have had. A
+    run without steps (a script that failed before its loop, never imported
+    torch, or was asked for --help) gets no page: it would be megabytes of
+    charts of nothing, in every such folder."""
+    if report is None or report.problem is not None:
+        return None  # no step to draw
     try:
         from .report import html as page
 
@@ -217,6 +225,8 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         say(f"error: {exc}")
         return int(exc.code)
     returncode = outcome.returncode
+    if outcome.meta_unsaved:
+        say(f"note: {outcome.meta_unsaved}; the report below has the run's end")
     # perfrun's own failure after the script ran: never an exit status of 0
     # (the script's own non-zero status still wins).
     failed: Optional[int] = None
@@ -227,7 +237,7 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         return gate_code if gate_code != ExitCode.OK or failed is None else failed
     try:
         shown = show_report(outcome.run_dir, settings.format, settings.output, settings.warmup,
-                            view_of(settings), page=True)
+                            view_of(settings), page=True, meta=_unsaved_meta(outcome))
         write_report_html(shown)
     except ResultsError as exc:
         say(f"error: {exc}")
@@ -253,6 +263,11 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
     if returncode == 0 and failed is not None:
         return int(failed)
     return exit_like(returncode)
+
+
+def _unsaved_meta(outcome: Outcome) -> Optional[dict[str, Any]]:
+    """The launcher's record of the run, where run.json lacks it."""
+    return outcome.meta if outcome.meta_unsaved else None
 
 
 def _save_baseline(run_dir: str, path: str) -> Optional[int]:
@@ -379,7 +394,7 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
     if report_fmt is not None:
         try:
             shown = show_report(outcome.run_dir, report_fmt, report_out, settings.warmup,
-                                view_of(settings), page=True)
+                                view_of(settings), page=True, meta=_unsaved_meta(outcome))
         except ResultsError as exc:
             say(f"error: {exc}")
             failed = ExitCode.BAD_RESULTS
@@ -625,11 +640,12 @@ def status(path: str) -> int:
     folder holds no run."""
     import time
 
-    from .launcher.hang import odd_one_out, read_positions, status_lines
+    from .launcher.hang import lag_note, odd_one_out, read_positions, status_lines
     from .store.results import is_run_dir
 
     if not os.path.isdir(path):
-        sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
+        why = not_a_run_folder(path) if os.path.exists(path) else f"no such folder: {path}"
+        sys.stderr.write(f"perfrun: error: {why}\n")
         return ExitCode.BAD_RESULTS
     run_dir = path if is_run_dir(path) else resolve_run_dir(path)
     if not is_run_dir(run_dir):
@@ -646,7 +662,7 @@ def status(path: str) -> int:
     odd = odd_one_out([p for p in positions if p.status == "running"], now)
     if odd:
         print(odd)
-    if any(p.buffered for p in positions):
-        print("(timer-only mode: positions may lag the ranks by up to 0.5 s, plus the 2 s "
-              "between saves)")
+    lag = lag_note(positions, status=True)
+    if lag is not None:
+        print(lag)
     return ExitCode.OK

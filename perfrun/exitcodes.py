@@ -21,15 +21,18 @@ class ExitCode(enum.IntEnum):
     #: The command line could not be parsed (click's own convention).
     USAGE = 2
     #: A configuration problem found before anything ran: bad YAML, unknown
-    #: key, bad scheduler window, unwritable log directory, missing nsys.
+    #: key, bad scheduler window, unwritable log directory, missing nsys, a
+    #: script the system refuses to start (an argument list past its limit).
     CONFIG = 64
     #: The script or module to profile does not exist.
     NO_SCRIPT = 65
     #: Results could not be read: missing, truncated or of an unknown version.
     BAD_RESULTS = 66
     #: The run produced no measurement: no rank wrote results, no training
-    #: step was seen, the script crashed under a gate, or there is no
-    #: baseline (gates and `report` only; `run` passes the script's code).
+    #: step was seen, the script crashed under a gate, there is no baseline,
+    #: or --save-baseline was given a run with no steps (gates, `report` and
+    #: a baseline that was not saved; `run` otherwise passes the script's
+    #: code).
     NO_MEASUREMENT = 67
     #: The gate found a regression: the current run's steps are slower than
     #: the baseline's by more than --max-regression, beyond noise.

@@ -368,12 +368,13 @@ class Settings:
         help="End the script cleanly after N steps and report.",
     )
     nvtx: bool = option("--no-nvtx", default=True, yaml=_as_bool, help="Do not emit NVTX ranges.")
-    #: Runs kept in the log folder (the oldest beyond are removed when a
-    #: run starts; launcher/retention.py); 0 keeps all.
+    #: Runs with steps kept in the log folder (the oldest beyond are
+    #: removed once a run has started, runs without steps first;
+    #: launcher/retention.py); 0 keeps all.
     keep: int = option(
         "--keep", default=20, type=int, metavar="N", yaml=_as_int,
-        help="Runs kept in the log folder: the oldest beyond N are removed when a run "
-        "starts (default 20; 0 keeps all).",
+        help="Runs with steps kept in the log folder: once a run has started, the oldest "
+        "beyond N are removed, runs without steps first (default 20; 0 keeps all).",
     )
     #: The most MiB a rank's window trace file may take on disk; a larger
     #: trace keeps the window's first steps only (runtime/window.py). 0: no
@@ -797,24 +798,40 @@ def parse_override(text: str) -> dict[str, Any]:
     return profiler_section_to_changes(section, "override")
 
 
-def child_environment(
+def child_settings(
     settings: Settings,
     run_dir: str,
     boot_dir: str,
     base: dict[str, str] | None = None,
     extra: dict[str, Any] | None = None,
-) -> dict[str, str]:
-    """The environment of the profiled process: our boot folder first on
-    PYTHONPATH, the settings and the user's original PYTHONPATH in one
-    variable so the child can restore exactly what `python` would have seen.
-    `extra`: what else the bootstrap needs (launcher kind, command line)."""
-    env = dict(os.environ if base is None else base)
-    original = env.get("PYTHONPATH")
+) -> dict[str, Any]:
+    """What the bootstrap of the profiled process reads (boot/sitecustomize.py):
+    the settings, where the run folder and the boot folder are, and the
+    user's original PYTHONPATH, so the child can restore exactly what
+    `python` would have seen. `extra`: what else the bootstrap needs
+    (launcher kind, command line). It goes to the child as a file
+    (store/layout.py names it), never in the environment: the script's
+    arguments are in it twice, and a variable of the environment holds at
+    most 128 KiB on Linux, where `python` takes an argument list of 2 MiB."""
+    env = os.environ if base is None else base
     payload = dataclasses.asdict(settings)
     payload.update(extra or {})
     payload["run_dir"] = os.path.abspath(run_dir)
     payload["boot_dir"] = boot_dir
-    payload["pythonpath"] = original
-    env[ENV_VAR] = json.dumps(payload)
+    payload["pythonpath"] = env.get("PYTHONPATH")
+    return payload
+
+
+def child_environment(
+    settings_file: str,
+    boot_dir: str,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of the profiled process: our boot folder first on
+    PYTHONPATH, and in ENV_VAR the path of the file that holds
+    `child_settings` (a few dozen bytes, whatever the argument list)."""
+    env = dict(os.environ if base is None else base)
+    original = env.get("PYTHONPATH")
+    env[ENV_VAR] = os.path.abspath(settings_file)
     env["PYTHONPATH"] = boot_dir + (os.pathsep + original if original else "")
     return env

@@ -41,6 +41,7 @@ from .store.results import (
     RunResults,
     is_run_dir,
     live_ranks,
+    not_a_run_folder,
     pid_alive,
     rank_alive,
     read_run,
@@ -275,7 +276,8 @@ def watch(path: str, interval: float = INTERVAL, last: int = LAST_STEPS,
     Ctrl-C, else 0."""
 
     if not os.path.isdir(path):
-        sys.stderr.write(f"perfrun: error: no such folder: {path}\n")
+        why = not_a_run_folder(path) if os.path.exists(path) else f"no such folder: {path}"
+        sys.stderr.write(f"perfrun: error: {why}\n")
         return ExitCode.BAD_RESULTS
     console = console or Console()
     run: Optional[RunResults] = None

@@ -19,6 +19,7 @@ from perfrun.analysis.ranks import (
     rank_outcome,
     rank_problem,
     run_endings,
+    running_sentence,
 )
 from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import rank_counted, steady_rows
@@ -426,6 +427,33 @@ def test_no_first_failure_without_a_chain_of_failures(case: str) -> None:
             rank.data.pop("elapsed")
         assert first_failure(ranks, endings, recorded=1) == 1
     assert first_failure(ranks, endings, stopped=stopped) is None
+def test_a_live_rank_is_running_not_a_problem() -> None:
+    """A report taken during the run: a `running` rank whose process is
+    alive is in progress, said at the top, and not among the problems; one
+    whose process is gone died."""
+    ranks = [make_rank(_rank_rows(32), rank=0, world_size=3, status="running"),
+             make_rank(_rank_rows(32, n=5), rank=1, world_size=3, status="running"),
+             make_rank(_rank_rows(32, n=4), rank=2, world_size=3, status="running")]
+    assert rank_problem(ranks[0], alive=True) is None
+    m = multi_rank_summary(ranks, warmup=1, alive=[0, 1])
+    assert [r.status for r in m.rows] == ["running", "running", "running"]
+    assert m.problems == ["rank 2: died after 4 steps"]
+    report = build_report(make_run(ranks), warmup=1, alive=[0, 1])
+    assert report.title.running == ("ranks 0,1 are still running: this report is of their "
+                                    "last saves")
+    assert ("Running", report.title.running) in report.title.entries()
+    assert report.problems == ["rank 2: died after 4 steps"]
+
+    one = build_report(make_run([make_rank(_rank_rows(8, n=39), status="running")]),
+                       alive=[0])
+    assert one.title.running == ("rank 0 is still running (39 steps so far): this report is "
+                                 "of its last save")
+    assert one.problems == []
+    assert one.title.to_dict()["running"] == one.title.running
+    ended = build_report(make_run([make_rank(_rank_rows(8, n=39))]))
+    assert ended.title.running is None
+    assert "Running" not in dict(ended.title.entries())
+    assert running_sentence([]) is None
 
 
 # -- Device Summary ---------------------------------------------------------------------------

@@ -117,6 +117,24 @@ def test_compare_returns_the_comparison_and_refuses_other_environments(tmp_path:
     assert api.compare(str(base), str(other)).mismatches
 
 
+def test_a_run_with_no_steps_is_no_baseline_and_the_file_is_kept(tmp_path: Path) -> None:
+    """A baseline of no steps would make every later gate exit 67: it is
+    refused (MISSING: no measurement), and a baseline already in the file
+    stays as it was."""
+    path = tmp_path / "base.json"
+    assert api.save_baseline(str(write_run(tmp_path / "good")), str(path)) == 1
+    before = path.read_bytes()
+    empty = write_run(tmp_path / "empty", rows=[])
+    with pytest.raises(api.ResultsError) as refused:
+        api.save_baseline(str(empty), str(path))
+    assert refused.value.kind == api.MISSING
+    assert "recorded no steps" in str(refused.value)
+    assert path.read_bytes() == before
+    with pytest.raises(api.ResultsError):
+        api.save_baseline(str(empty), str(tmp_path / "new.json"))
+    assert not (tmp_path / "new.json").exists()
+
+
 def test_save_baseline_returns_the_runs_it_holds(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run")
     path = str(tmp_path / "base.json")

@@ -195,9 +195,10 @@ def test_the_store_and_the_boot_import_only_the_standard_library(name: str) -> N
 #: Names in a log or run folder, which only the store may spell (the layout
 #: holds them; the store's other modules may name them in messages): whole
 #: names, and parts of names that no other string holds.
-FOLDER_NAMES = {"run.json", "latest", "hang.txt", "report.html", "torchrun-status.json", "job-"}
+FOLDER_NAMES = {"run.json", "latest", "hang.txt", "report.html", "torchrun-status.json", "job-",
+                "settings.json"}
 NAME_PARTS = (".steps", ".pt.trace.json", ".nsys-rep", ".raw.json", "torchrun-status.",
-              "stack.rank")
+              "stack.rank", "settings.node")
 
 
 def _strings(path: Path) -> Iterator[tuple[str, int]]:

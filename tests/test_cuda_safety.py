@@ -250,7 +250,7 @@ def window_torch(device: int = 0, count: int = 1) -> Any:
     torch.profiler = SimpleNamespace(
         ProfilerActivity=SimpleNamespace(CPU="CPU", CUDA="CUDA"),
         profile=FakeProfile,
-        schedule=lambda **kwargs: kwargs,
+        ProfilerAction={a: a for a in ("NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE")},
     )
     torch._C = SimpleNamespace(_profiler=SimpleNamespace(_RecordFunctionFast=FakeRange))
     return torch

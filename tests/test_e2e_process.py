@@ -460,7 +460,8 @@ def test_dataloader_workers_write_no_rank_files(tmp_path: Path, context: str) ->
     assert "profiling disabled" not in result.stderr
     run_dir = run_dir_of(log)
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        "pipeline", "rank0.json", "rank0.steps", "report.html", "run.json"]
+        "pipeline", "rank0.json", "rank0.steps", "report.html", "run.json",
+        "settings.json"]
     # The workers write their batches' table (the Data Pipeline's), no more.
     tables = sorted(p.name for p in (run_dir / "pipeline").iterdir())
     assert tables[0] == "rank0.loader0.fetches", tables
@@ -822,6 +823,51 @@ for _ in range(5):
 for path in sys.argv[1:]:
     os.makedirs(path)  # where perfrun will want to write a file
 """
+
+
+NO_DATA = """
+import argparse, glob, os, sys
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", required=True)
+args = parser.parse_args()
+files = sorted(glob.glob(os.path.join(args.data, "*.pt")))
+if not files:
+    print(f"no shards in {args.data}: nothing to train on")
+    sys.exit(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for path in files:
+    x, y = torch.load(path)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_save_baseline_of_a_run_with_no_steps_fails(tmp_path: Path) -> None:
+    """A CI job on main that records its baseline from a run that trained
+    nothing (an empty data folder, exit 0) fails, in one line, and leaves
+    the baseline it had: saved, every later gate would exit 67."""
+    script = tmp_path / "train.py"
+    script.write_text(NO_DATA)
+    (tmp_path / "shards").mkdir()
+    base = tmp_path / "base.json"
+    base.write_text("{}")  # stands for the previous baseline: kept as it is
+    done = subprocess.run(
+        [sys.executable, "-m", "perfrun", "--log-dir", str(tmp_path / "log"),
+         "--save-baseline", str(base), str(script), "--data", str(tmp_path / "shards")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == ExitCode.NO_MEASUREMENT, done.stderr
+    assert done.stdout.startswith("no shards in "), done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("perfrun: error")]
+    assert errors == ["perfrun: error: could not save the baseline: the run recorded no steps "
+                      "(no training loop was seen): a baseline needs steps to compare "
+                      "against"], done.stderr
+    assert "baseline saved" not in done.stderr and "Traceback" not in done.stderr
+    assert base.read_text() == "{}"
 
 
 @pytest.mark.parametrize(

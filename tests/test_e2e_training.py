@@ -371,7 +371,8 @@ def test_dataloader_workers_write_one_rank_file(run_perfrun: RunPerfrun) -> None
     assert rank.column("samples") == [4] * 12
     files = sorted(p.name for p in run.run_dir.iterdir())
     # The workers' batch tables (the Data Pipeline) are the only files of theirs.
-    assert files == ["pipeline", "rank0.json", "rank0.steps", "report.html", "run.json"]
+    assert files == ["pipeline", "rank0.json", "rank0.steps", "report.html", "run.json",
+                     "settings.json"]
     assert sorted(p.name for p in run.log_dir.iterdir()) == sorted(["latest", run.run_dir.name])
     # Workers are not ranks: perfrun says nothing from inside them.
     said = [line.split(" ")[:3] for line in run.err.splitlines() if line.startswith("perfrun")]

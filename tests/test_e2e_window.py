@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from conftest import E2E_TIMEOUT, PerfrunRun, e2e_environment
 
+import perfrun
 from perfrun.analysis.window import sort_rows
 from perfrun.runtime.window import PERFRUN_TRACK_TID
 from perfrun.store.rankfile import RankResult
@@ -83,6 +84,8 @@ RUNS: dict[str, list[str]] = {
     # the script's last step.
     "short": ["--scheduler", "16", "25", TRAIN],
     "stop": ["--scheduler", "2", "6", "--stop-after-window", TRAIN],
+    # From the first step: no step before it for the profiler to warm up on.
+    "first": ["--scheduler", "0", "2", TRAIN, "--lr-decay", "0.9"],
     "dist": ["--nproc-per-node", "2", "--master-port", "{port}", "--scheduler", "2", "5",
              ALLREDUCE, "--steps", "6"],
 }
@@ -361,6 +364,21 @@ def test_stop_after_window_ends_the_script_after_a_complete_window(runs: Runs) -
     assert by_name(s["operators"])["aten::addmm"]["calls"] == 2 * 4
     assert not any("detailed window" in n for n in rank.data["notes"])
     assert (run.run_dir / s["trace"]).is_file()
+
+
+def test_a_window_from_step_zero_warns_nothing_of_its_own(runs: Runs) -> None:
+    """`--scheduler 0 2`: torch's schedule warns of a window with no warm-up
+    step, from perfrun's file, in the script's output; perfrun's own
+    schedule does not, and the script's own warning is untouched."""
+    run = runs["first"]
+    assert run.returncode == 0, run.describe()
+    assert "UserWarning: --lr-decay is retired and ignored" in run.err, run.describe()
+    warned = [line for line in run.err.splitlines() if "Warning:" in line]
+    assert len(warned) == 1 and "win_train.py" in warned[0], run.describe()
+    assert str(Path(perfrun.__file__).parent) not in run.err, run.describe()
+    s = run.rank0().data["window_summary"]
+    assert s["steps"] == 2 and s["range"] == [0, 2]
+    assert overview(s)["ProfileStep"]["calls"] == 2
 
 
 def by_name(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from conftest import E2E_TIMEOUT, e2e_environment
 
 from perfrun import cli
 from perfrun.exitcodes import ExitCode
@@ -16,6 +20,7 @@ from perfrun.launcher.hang import (
     HangWatch,
     Position,
     hang_report,
+    lag_note,
     odd_one_out,
     position_of,
     read_positions,
@@ -27,16 +32,18 @@ NOW = 1_700_000_000.0
 
 
 def rank_doc(rank: int, step: Optional[int], phase: Optional[str], since: float = NOW - 30,
-             status: str = "running", count: int = 0, pid: int = 0) -> dict[str, Any]:
+             status: str = "running", count: int = 0, pid: int = 0, buffered: bool = False,
+             timer_only: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "format": "perfrun-results", "version": 2, "rank": rank, "status": status,
         "env": {"pid": pid or None, "hostname": "elsewhere"},
+        "settings": {"timer_only": timer_only},
         "steps": {"count": count},
     }
     if step is not None:
         doc["position"] = {"step": step, "phase": phase, "since_unix": since,
                            "step_since_unix": since - 1, "written_unix": NOW - 1,
-                           "buffered": False}
+                           "buffered": buffered}
     return doc
 
 
@@ -73,6 +80,24 @@ def test_report_lists_every_rank_and_its_stack() -> None:
     assert "--- rank 0 Python stack: not available" in text
     assert '  File "train.py", line 41 in forward' in text
     assert lines[-1].startswith("perfrun: hang: rank 0 is in Backward at step 3")
+
+
+def test_the_lag_note_names_the_mode_the_run_used() -> None:
+    """Positions handed over in batches lag; the note says in which mode:
+    the default mode on a CPU run buffers as --timer-only does, and was
+    called timer-only mode."""
+    def buffered(rank: int, timer_only: bool) -> Position:
+        return position_of(rank_doc(rank, 3, "forward", buffered=True, timer_only=timer_only))
+
+    assert lag_note([pos(0, 3, "forward")]) is None
+    default = lag_note([buffered(0, False)])
+    assert default == ("(default mode on CPU: phase edges are handed over in batches, so a "
+                       "rank's phase may lag it by up to 0.5 s)")
+    assert lag_note([buffered(0, True)], status=True) == (
+        "(timer-only mode: phase edges are handed over in batches, so positions may lag the "
+        "ranks by up to 0.5 s, plus the 2 s between saves)")
+    text = hang_report([buffered(0, False), buffered(1, False)], {}, NOW, 60.0)
+    assert "  " + default in text.splitlines() and "timer-only" not in text
 
 
 def test_files_without_a_position_are_read() -> None:
@@ -150,6 +175,42 @@ def test_status_of_a_missing_folder_is_one_line(
     assert err.count("\n") == 1 and err.startswith("perfrun: error: no such folder")
     assert cli.main(["status", str(tmp_path)]) == ExitCode.BAD_RESULTS
     assert capsys.readouterr().err.startswith("perfrun: error: no run in")
+    write(tmp_path / "run", [rank_doc(0, 3, "backward")])
+    assert cli.main(["status", str(tmp_path / "run" / "rank0.json")]) == ExitCode.BAD_RESULTS
+    err = capsys.readouterr().err
+    assert err == (f"perfrun: error: {tmp_path / 'run' / 'rank0.json'} is a file of the run "
+                   f"folder {tmp_path / 'run'}: give the folder (perfrun report "
+                   f"{tmp_path / 'run'})\n")
+
+
+@pytest.mark.slow
+def test_a_default_mode_hang_is_reported_in_the_default_mode(tmp_path: Path) -> None:
+    """A CPU run in the default mode that stops making steps: `perfrun
+    status` while it waits, and the hang report, name the mode it used."""
+    log = tmp_path / "log"
+    script = Path(__file__).parent / "scripts" / "lifecycle_wait.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfrun", "--log-dir", str(log), "--hang-timeout", "4",
+         "--hang-action", "terminate", str(script), "--pid-dir", str(tmp_path), "--steps", "5",
+         "--wait", "60"],
+        cwd=tmp_path, env=e2e_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+    status = ""
+    deadline = time.monotonic() + E2E_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None and "mode" not in status:
+        time.sleep(0.5)
+        if (tmp_path / "0.pid").exists():
+            status = subprocess.run([sys.executable, "-m", "perfrun", "status", str(log)],
+                                    capture_output=True, text=True, env=e2e_environment(),
+                                    timeout=E2E_TIMEOUT).stdout
+    out, err = proc.communicate(timeout=E2E_TIMEOUT)
+    assert proc.returncode == ExitCode.HANG, err
+    assert "(default mode on CPU: phase edges are handed over in batches, so positions" \
+        in status, status
+    assert "  (default mode on CPU: phase edges are handed over in batches, so a rank's " \
+        "phase may lag it by up to 0.5 s)" in err.splitlines(), err
+    assert "timer-only" not in status + err
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])

@@ -127,9 +127,24 @@ def test_a_failure_to_write_the_page_is_a_note(monkeypatch: Any, capsys: Any,
         raise RuntimeError("no plotly here")
 
     monkeypatch.setattr(page, "write_run_html", broken)
-    assert commands.write_report_html(str(tmp_path)) is None
+    report = build_report(make_run([make_rank(make_rows([{"forward": MS}] * 8))],
+                                   run_dir=str(tmp_path)))
+    assert commands.write_report_html(report) is None
     err = capsys.readouterr().err
     assert err == "perfrun: note: report.html not written (RuntimeError: no plotly here)\n"
+
+
+def test_a_run_without_steps_gets_no_page(monkeypatch: Any, tmp_path: Path) -> None:
+    """A script that failed before its loop, or never imported torch: no
+    page of nothing (4.8 MB each, in every such folder)."""
+    def written(*_a: Any, **_k: Any) -> str:
+        raise AssertionError("a page was drawn")
+
+    monkeypatch.setattr(page, "write_run_html", written)
+    empty = build_report(make_run([make_rank([])], run_dir=str(tmp_path)))
+    assert empty.problem is not None
+    assert commands.write_report_html(empty) is None
+    assert commands.write_report_html(None) is None
 
 
 # -- real runs, opened in Chromium ----------------------------------------------------

@@ -323,8 +323,12 @@ def test_analyze_json_and_markdown() -> None:
         (b'{"schemaVersion": 1}', "no traceEvents list"),
         (b"\x1f\x8b\x08\x00broken", "damaged gzip data"),
         (b"\xff\xfe\x00x", "not UTF-8"),
+        (b'{"traceEvents": []}', "the trace holds no events"),
+        (b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "ts": 0}, '
+         b'{"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5}]}',
+         "the trace holds no timed events"),
     ],
-    ids=["missing", "not-json", "no-events", "bad-gzip", "not-utf8"],
+    ids=["missing", "not-json", "no-events", "bad-gzip", "not-utf8", "empty", "no-spans"],
 )
 def test_analyze_refuses_what_is_not_a_trace(tmp_path: Any, content: Any, reason: str) -> None:
     path = tmp_path / "trace.json"

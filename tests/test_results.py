@@ -70,3 +70,35 @@ def test_atomic_write_leaves_no_temporary_file(tmp_path: Path) -> None:
 def test_a_folder_without_results_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ResultsError, match="holds no perfrun results"):
         read_run(str(tmp_path))
+
+
+def test_a_file_named_as_a_run_folder_is_said_to_be_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`perfrun report FILE`: not "no such results folder" for a file that
+    exists, but what it is and what reads it, in one line, exit 66."""
+    from perfrun import cli
+    from perfrun.exitcodes import ExitCode
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _write(run, "rank0.json", _rank(0, 1))
+    _write(tmp_path, "base.json", {"format": "perfrun-baseline", "version": 1})
+    _write(tmp_path, "trace.json", {"traceEvents": []})
+    said = {
+        run / "rank0.json": f"is a file of the run folder {run}: give the folder (perfrun "
+                            f"report {run})",
+        tmp_path / "base.json": "is a baseline file, not a results folder: compare a run "
+                                f"with it (perfrun compare {tmp_path / 'base.json'} RUN)",
+        tmp_path / "trace.json": "is a file, not a results folder: give a run folder or a "
+                                 "log folder (a torch.profiler trace is read by perfrun "
+                                 "analyze)",
+    }
+    for path, why in said.items():
+        with pytest.raises(ResultsError) as refused:
+            read_run(str(path))
+        assert str(refused.value) == f"{path} {why}"
+        assert cli.main(["report", str(path)]) == ExitCode.BAD_RESULTS
+        assert capsys.readouterr().err == f"perfrun: error: {path} {why}\n"
+    with pytest.raises(ResultsError, match="no such results folder"):
+        read_run(str(tmp_path / "nowhere"))

@@ -24,14 +24,15 @@ from perfrun.launcher import retention
 from perfrun.launcher.retention import RunState, in_progress, runs_to_remove
 from perfrun.runtime import window
 from perfrun.settings import SettingsError, load_config
+from perfrun.store.stepfile import STEP_COLUMNS
 
 SCRIPTS = Path(__file__).parent / "scripts"
 NOW = 1_000_000.0
 
 
 def _run(name: str, started: float, ended: bool = True, alive: Any = None,
-         last_write: float = 0.0) -> RunState:
-    return RunState(name, started, ended, alive, last_write)
+         last_write: float = 0.0, steps: int = 10) -> RunState:
+    return RunState(name, started, ended, alive, last_write, steps)
 
 
 # -- which runs go -------------------------------------------------------------------------
@@ -53,34 +54,59 @@ def test_a_run_in_progress_is_one_that_may_still_write(run: RunState, running: b
 
 def test_all_but_the_newest_n_go_oldest_first() -> None:
     runs = [_run(f"r{i}", float(i)) for i in range(6)]
-    assert runs_to_remove(runs, 3, "r5", NOW) == ["r0", "r1", "r2"]
-    assert runs_to_remove(runs, 6, "r5", NOW) == []
+    assert runs_to_remove(runs, 3, "r5", NOW) == ["r0", "r1"]
+    assert runs_to_remove(runs, 5, "r5", NOW) == []
     assert runs_to_remove(runs, 0, "r5", NOW) == []  # 0 keeps all
 
 
-def test_the_current_run_counts_among_the_kept_and_never_goes() -> None:
-    # A clock set back: the current run looks oldest, and is kept anyway.
-    runs = [_run("now", 0.0, ended=False, alive=True)] + [_run(f"r{i}", float(i))
-                                                         for i in range(1, 4)]
-    assert runs_to_remove(runs, 1, "now", NOW) == ["r1", "r2", "r3"]
-    assert runs_to_remove(runs, 2, "now", NOW) == ["r1", "r2"]
+def test_the_current_run_is_kept_besides_n_and_never_goes() -> None:
+    """Its steps are not known when it starts: it is not counted, and a
+    clock set back, which makes it look oldest, does not remove it."""
+    runs = [_run("now", 0.0, ended=False, alive=True, steps=0)] + [
+        _run(f"r{i}", float(i)) for i in range(1, 4)]
+    assert runs_to_remove(runs, 1, "now", NOW) == ["r1", "r2"]
+    assert runs_to_remove(runs, 2, "now", NOW) == ["r1"]
 
 
 def test_a_run_in_progress_is_kept_beyond_n() -> None:
-    runs = [_run("old", 1.0, ended=False, alive=True), _run("mid", 2.0), _run("cur", 3.0)]
+    runs = [_run("old", 1.0, ended=False, alive=True), _run("mid", 2.0), _run("new", 3.0),
+            _run("cur", 4.0)]
     assert runs_to_remove(runs, 1, "cur", NOW) == ["mid"]
+
+
+def test_runs_without_steps_never_push_out_a_run_with_steps() -> None:
+    """Twenty mistakes (a syntax error, --help, no torch: no step each)
+    after twenty real runs: --keep 20 keeps the twenty real runs and drops
+    the mistakes, oldest first, the real runs never."""
+    real = [_run(f"real{i:02d}", float(i)) for i in range(20)]
+    mistakes = [_run(f"oops{i:02d}", 100.0 + i, steps=0) for i in range(20)]
+    current = _run("cur", 200.0, ended=False, alive=True, steps=0)
+    assert runs_to_remove([*real, *mistakes, current], 20, "cur", NOW) == [
+        f"oops{i:02d}" for i in range(20)]
+    # With room to spare, the newest mistakes stay in it.
+    assert runs_to_remove([*real[:5], *mistakes, current], 20, "cur", NOW) == [
+        f"oops{i:02d}" for i in range(5)]
+    # Over the limit on both counts: the runs without steps go first.
+    assert runs_to_remove([*real, mistakes[0], current], 18, "cur", NOW) == [
+        "oops00", "real00", "real01"]
+    # A run without steps in progress is kept like any other.
+    busy = _run("busy", 150.0, ended=False, alive=True, steps=0)
+    assert runs_to_remove([*real, busy, current], 20, "cur", NOW) == []
 
 
 # -- pruning a log folder ---------------------------------------------------------------------
 
 
-def _made(log: Path, name: str, started: float, **meta: Any) -> Path:
-    """A run folder: run.json and a rank file written by the same pid."""
+def _made(log: Path, name: str, started: float, steps: int = 4, **meta: Any) -> Path:
+    """A run folder: run.json and a rank file written by the same pid,
+    which recorded `steps` steps."""
     folder = log / name
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"started": started, **meta}))
+    row = [0.0, 1.0] + [0.0] * (len(STEP_COLUMNS) - 2)
     rank = {"format": "perfrun-results", "version": 1, "rank": 0, "status": "finished",
-            "env": {"hostname": meta.get("host", "elsewhere"), "pid": meta.get("pid", 1)}}
+            "env": {"hostname": meta.get("host", "elsewhere"), "pid": meta.get("pid", 1)},
+            "steps": {"columns": list(STEP_COLUMNS), "rows": [row] * steps}}
     if "returncode" not in meta:
         rank["status"] = "running"
     (folder / "rank0.json").write_text(json.dumps(rank))
@@ -106,16 +132,19 @@ def test_prune_removes_the_oldest_runs_perfrun_made(tmp_path: Path) -> None:
     _made(log, "20250101-000000-2", 3.0, host=here, pid=_dead_pid())  # died here
     current = _made(log, "20260201-000000-999", 20.0, host=here, pid=os.getpid())
     (log / "latest").symlink_to(current.name)
+    _made(log, "20260105-000000-104", 14.5, steps=0, returncode=1)  # a newer mistake
     removed = retention.prune(str(log), 3, current.name)
-    assert removed == ["20250101-000000-2", "job-x", "20260101-000000-100",
-                       "20260102-000000-101"]
+    assert removed == ["20260105-000000-104", "20250101-000000-2", "job-x",
+                       "20260101-000000-100"]
     assert sorted(p.name for p in log.iterdir()) == [
-        "20250101-000000-1", "20260103-000000-102", "20260104-000000-103",
-        "20260201-000000-999", "combined-job-x", "latest", "mine",
+        "20250101-000000-1", "20260102-000000-101", "20260103-000000-102",
+        "20260104-000000-103", "20260201-000000-999", "combined-job-x", "latest", "mine",
     ]
     note = retention.removal_note(removed, str(log), 3)
-    assert note.startswith(f"removed 4 old runs from {log} (20250101-000000-2, job-x, ")
-    assert note.endswith("keeping the newest 3 (--keep N to change, --keep 0 keeps all)")
+    assert note.startswith(f"removed 4 old runs from {log} (20260105-000000-104, "
+                           "20250101-000000-2, job-x, ")
+    assert note.endswith("keeping the newest 3 with steps, runs without steps first to go "
+                         "(--keep N to change, --keep 0 keeps all)")
 
 
 def test_a_half_removed_folder_is_cleared_and_never_read_as_a_run(tmp_path: Path) -> None:
@@ -167,11 +196,51 @@ def test_keep_prunes_when_a_run_starts(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "removed" in line]
     assert notes == [
-        f"perfrun: note: removed 2 old runs from {log} (20250101-000000-0, 20250102-000000-1): "
-        "keeping the newest 2 (--keep N to change, --keep 0 keeps all)"
+        f"perfrun: note: removed 1 old run from {log} (20250101-000000-0): keeping the newest "
+        "2 with steps, runs without steps first to go (--keep N to change, --keep 0 keeps all)"
     ]
     names = sorted(p.name for p in log.iterdir() if not p.is_symlink())
-    assert len(names) == 2 and names[0] == "20250103-000000-2", names
+    assert len(names) == 3 and names[:2] == ["20250102-000000-1", "20250103-000000-2"], names
+
+
+MISTAKES = [
+    ["{bad}"],  # a syntax error
+    ["{train}", "--help"],  # the script's own help, exit 0
+    ["{no_torch}"],  # never imports torch
+    ["{train}", "--update", "sgd"],  # argparse refuses the choice, exit 2
+]
+
+
+@pytest.mark.slow
+def test_twenty_failed_runs_keep_every_real_run(tmp_path: Path) -> None:
+    """Two real runs, then twenty mistakes, each run by perfrun with
+    --keep 2: the real runs are both kept, with their pages; the mistakes
+    have no page and only the newest of them is left, beside the real ones."""
+    log = tmp_path / "log"
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\n\ndef train(:\n    pass\n")
+    paths = {"bad": str(bad), "train": str(SCRIPTS / "train_tensors.py"),
+             "no_torch": str(SCRIPTS / "no_torch.py")}
+
+    def perfrun(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "perfrun", "--log-dir", str(log), "--keep", "2", *args],
+            cwd=tmp_path, env=e2e_environment(), stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=E2E_TIMEOUT)
+
+    for _ in range(2):
+        real = perfrun(paths["train"], "--steps", "30")
+        assert real.returncode == 0, real.stderr
+    runs = sorted(p for p in log.iterdir() if not p.is_symlink())
+    assert [(p / "report.html").is_file() for p in runs] == [True, True]
+    for i in range(20):
+        done = perfrun(*[a.format(**paths) for a in MISTAKES[i % len(MISTAKES)]])
+        assert "internal error" not in done.stderr, done.stderr
+        assert "report.html" not in os.listdir(log / "latest"), done.stderr
+    left = sorted(p for p in log.iterdir() if not p.is_symlink())
+    assert left[:2] == runs, [p.name for p in left]
+    assert len(left) == 3 and left[2] == (log / "latest").resolve()
+
 
 
 # -- the window's trace file ----------------------------------------------------------------

@@ -955,3 +955,27 @@ def test_under_nsys_the_report_says_where_the_gpu_tables_are() -> None:
         said = [line for line in overview_info if "nsys report" in line]
         assert bool(said) is nsys
     assert "nsys/rank<R>.nsys-rep" in said[0]
+
+
+@pytest.mark.parametrize("warm", [0, 1])
+@pytest.mark.parametrize("active", [1, 2, 5])
+def test_the_window_schedule_is_torchs_without_its_warning(warm: int, active: int) -> None:
+    """perfrun's schedule takes the actions torch.profiler.schedule(wait=0,
+    warmup=warm, active=active, repeat=1) takes, step by step, and a window
+    from step 0 (warm 0) warns nothing: torch's own would, from perfrun's
+    file, in the script's output."""
+    import warnings
+
+    import torch
+
+    from perfrun.runtime.window import schedule_action, torch_schedule
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        theirs = torch.profiler.schedule(wait=0, warmup=warm, active=active, repeat=1)
+        ours = torch_schedule(torch, warm, active)
+        actions = [ours(step) for step in range(warm + active + 3)]
+    assert [a.name for a in actions] == [theirs(step).name for step in range(warm + active + 3)]
+    assert [schedule_action(s, warm, active) for s in range(warm + active + 3)] == [
+        a.name for a in actions]
+    assert len(warned) == (1 if warm == 0 else 0)  # torch's own schedule, not ours

@@ -24,6 +24,7 @@ from perfrun.analysis.selection import rank_counted
 from perfrun.analysis.stats import Stats
 from perfrun.analysis.straggler import RankSteps, Straggler
 from perfrun.analysis.straggler import decide as decide_straggler
+from perfrun.store.files import full_reason
 from perfrun.store.rankfile import RankResult
 from perfrun.store.results import RunResults
 from perfrun.store.stepfile import PHASES
@@ -186,6 +187,26 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
+def unsaved_problem(rank: RankResult) -> Optional[str]:
+    """Where the rank's results stop when its last save could not write
+    every step it held (a full disk), or None. Its own words: what is
+    reported is what was saved, and the steps after it are not."""
+    unsaved = rank.data.get("unsaved")
+    if not isinstance(unsaved, dict):
+        return None
+    code = unsaved.get("errno")
+    why = full_reason(code if isinstance(code, int) else None, unsaved.get("error"))
+    lost = unsaved.get("steps")
+    n = rank.n_steps
+    where = f"at step {n}" if n else "before the first step"
+    text = f"results stopped {where}: {why}"
+    if isinstance(lost, int) and lost > 0:
+        were = "was" if lost == 1 else "were"
+        text += (f"; the {steps_phrase(lost)} after it {were} not saved" if n else
+                 f"; {steps_phrase(lost)} {were} not saved")
+    return text
+
+
 def rank_problem(
     rank: RankResult,
     ending: Optional[Ending] = None,
@@ -193,11 +214,31 @@ def rank_problem(
     first: Optional[int] = None,
     step_time: Optional[float] = None,
 ) -> Optional[str]:
-    """What went wrong with this rank, in a few words, or None.
+    """What went wrong with this rank, in a few words, or None: how it
+    ended (`ended_problem`, which says what the arguments are), after where
+    its results stop if a full disk cut them short (`unsaved_problem`)."""
+    ended = ended_problem(rank, ending, alive, first, step_time)
+    lost = unsaved_problem(rank)
+    if lost is None:
+        return ended
+    if ended is None or ended == "recorded no steps":
+        return lost
+    return f"{lost}; {ended}"
+
+
+def ended_problem(
+    rank: RankResult,
+    ending: Optional[Ending] = None,
+    alive: Optional[bool] = None,
+    first: Optional[int] = None,
+    step_time: Optional[float] = None,
+) -> Optional[str]:
+    """How this rank ended, when that was a problem, in a few words, or None.
 
     `alive`: whether the rank's process is still running (known where it
     runs on this machine; None where it cannot be known). A `running` file
-    of a live process is a run in progress, not a death.
+    of a live process is a run in progress: no problem at all (the report
+    says it is running, `running_sentence`).
 
     `running` in a file read after the run means the rank never wrote its
     final record: it died (SIGKILL, OOM killer, a hard crash) and what is left
@@ -225,7 +266,7 @@ def rank_problem(
     code = ending.status
     if status == "running":
         if alive:
-            return f"still running ({steps_phrase(n)} so far; this report is of its last save)"
+            return None
         when = f"after {steps_phrase(n)}" if n else "before its first step"
         if code is not None and code >= 0:
             return (
@@ -304,6 +345,20 @@ def rank_outcome(
     else:
         word = status
     return f"{word}, first" if first is not None and first == rank.rank else word
+
+
+def running_sentence(running: Sequence[tuple[int, int]]) -> Optional[str]:
+    """What a report of a run in progress says of its live ranks, each a
+    (rank, steps so far): that they run, and that the report is of their
+    last save. None when no rank is running."""
+    if not running:
+        return None
+    if len(running) == 1:
+        rank, n = running[0]
+        return (f"rank {rank} is still running ({steps_phrase(n)} so far): this report is of "
+                "its last save")
+    names = ",".join(str(rank) for rank, _n in running)
+    return f"ranks {names} are still running: this report is of their last saves"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from perfrun.analysis.ranks import (
     multi_rank_summary,
     rank_problem,
     run_endings,
+    running_sentence,
     steps_phrase,
 )
 from perfrun.analysis.selection import (
@@ -122,6 +123,9 @@ class Title:
     # The counted steps ran forward passes and no backward, no optimizer
     # step: an inference or evaluation loop, not training.
     forward_only: bool = False
+    # A run in progress: which ranks are still running, said in a sentence
+    # (ranks.running_sentence); None for a run that has ended.
+    running: Optional[str] = None
 
     def entries(self) -> list[tuple[str, str]]:
         """The title as (label, sentence) pairs, shared by every renderer
@@ -130,6 +134,8 @@ class Title:
         if self.command:
             out.append(("Command", self.command))
         out.append(("Results", self.run_dir))
+        if self.running:
+            out.append(("Running", self.running))
         if self.world_size > 1:
             who = f"; summaries are rank {self.rank}'s" if self.rank is not None else ""
             out.append(("Ranks", f"{self.world_size}{who}"))
@@ -192,6 +198,7 @@ class Title:
             "window_steps": self.window_steps,
             "window_parts": list(self.window_parts),
             "forward_only": self.forward_only,
+            "running": self.running,
         }
 
 
@@ -473,6 +480,7 @@ def build_report(
         first, last = (disturbed or profiled or window)
         edges = ((min(first, window[0]), window[0]), window, (window[1], max(last, window[1])))
         parts = tuple(max(0, min(hi, n_rows) - max(lo, warmup)) for lo, hi in edges)  # type: ignore[assignment]
+    live = set(alive)
     title = Title(
         command=_command(run, ref),
         run_dir=run.run_dir,
@@ -487,6 +495,8 @@ def build_report(
         window_steps=after_warmup - steps.count,
         profiled=profiled or window,
         window_parts=parts,
+        running=running_sentence(
+            [(r.rank, r.n_steps) for r in ranks if r.status == "running" and r.rank in live]),
     )
     report = Report(title=title, sections=_sections(ref))
     report.problem = _no_measurement(run)
@@ -497,7 +507,7 @@ def build_report(
 
     endings = run_endings(run)
     if run.world_size > 1 or run.missing:
-        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, alive,
+        report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, live,
                                           endings, run.first_failed,
                                           stopped=bool(run.meta.get("signals")))
         report.problems = report.ranks.problems

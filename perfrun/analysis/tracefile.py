@@ -211,5 +211,11 @@ def load_trace(path: str) -> Trace:
             f"cannot read {path}: not a torch.profiler trace (no traceEvents list)"
         )
     kept = [e for e in events if isinstance(e, Event)]
+    if not any(e.dur is not None for e in kept):
+        # Every table is made of spans: without one they would print zeros
+        # as if something ran in no time.
+        what = "no events" if not events else "no timed events (no complete \"X\" spans)"
+        raise TraceError(f"cannot read {path}: the trace holds {what}: the profiler recorded "
+                         "nothing (a trace exported before its first step, or cut short)")
     return Trace(os.fspath(path), kept, meta, c.skipped + sum(1 for e in events if e is not None
                                                                and not isinstance(e, Event)))

@@ -284,6 +284,4 @@ def analyze_traces(loaded: Sequence[Any]) -> TraceAnalysis:
         named.append((int(rank), os.path.basename(trace.path), summary))
         if trace.skipped:
             notes.append(f"{trace.path}: {trace.skipped} malformed events skipped")
-        if not trace.events:
-            notes.append(f"{trace.path}: no events")
     return TraceAnalysis(traces, trace_window_report(named), notes)

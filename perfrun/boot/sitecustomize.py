@@ -32,14 +32,18 @@ def _restore_environment(payload, here):
 
 
 def _start():
-    raw = os.environ.get("PERFRUN_SETTINGS")
-    if not raw:
+    # The path of the file the launcher wrote the settings to: the settings
+    # themselves hold the script's arguments, of any length, and a variable
+    # of the environment holds at most 128 KiB.
+    path = os.environ.get("PERFRUN_SETTINGS")
+    if not path:
         return
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         import json
 
-        payload = json.loads(raw)
+        with open(path, encoding="utf-8") as f:
+            payload = json.load(f)
         if not _is_rank(payload):
             return
         _restore_environment(payload, here)

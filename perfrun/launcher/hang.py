@@ -59,6 +59,9 @@ class Position:
     buffered: bool
     pid: Optional[int]
     host: Optional[str]
+    #: The run was started with --timer-only (else the default mode, which
+    #: buffers edges the same way on a CPU run).
+    timer_only: bool = False
 
     def for_seconds(self, now: float) -> Optional[float]:
         return None if self.since_unix is None else max(0.0, now - self.since_unix)
@@ -71,6 +74,7 @@ def position_of(data: dict[str, Any]) -> Position:
     env = data.get("env") if isinstance(data.get("env"), dict) else {}
     steps = data.get("steps") if isinstance(data.get("steps"), dict) else {}
     pid = env.get("pid")
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
     return Position(
         rank=int(data.get("rank", -1)),
         status=str(data.get("status", "?")),
@@ -82,6 +86,7 @@ def position_of(data: dict[str, Any]) -> Position:
         buffered=bool(pos.get("buffered")),
         pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
         host=env.get("hostname") if isinstance(env.get("hostname"), str) else None,
+        timer_only=settings.get("timer_only") is True,
     )
 
 
@@ -142,6 +147,26 @@ def odd_one_out(positions: list[Position], now: float) -> Optional[str]:
     return line + "; " + "; ".join(odd)
 
 
+def lag_note(positions: list[Position], status: bool = False) -> Optional[str]:
+    """Why a rank's position may lag it, in the mode the run used, or None
+    when every rank's edges reach its position as they happen. Both
+    --timer-only and the default mode on a CPU run hand phase edges over
+    in batches (runtime/clock.py); `status` adds the time between saves,
+    which `perfrun status` sees and the hang watch does not care about."""
+    buffered = [p for p in positions if p.buffered]
+    if not buffered:
+        return None
+    if all(p.timer_only for p in buffered):
+        mode = "timer-only mode"
+    elif not any(p.timer_only for p in buffered):
+        mode = "default mode on CPU"
+    else:
+        mode = "timer-only and default modes"
+    lag = ("positions may lag the ranks by up to 0.5 s, plus the 2 s between saves" if status
+           else "a rank's phase may lag it by up to 0.5 s")
+    return f"({mode}: phase edges are handed over in batches, so {lag})"
+
+
 def status_lines(positions: list[Position], now: float) -> list[str]:
     """One line per rank: where it is and for how long, for `perfrun status`
     and the hang report."""
@@ -164,8 +189,9 @@ def hang_report(positions: list[Position], stacks: dict[int, str], now: float,
     out."""
     lines = [f"perfrun: hang: no rank has finished a step for {quiet_for:.0f} s"]
     lines += ["  " + s for s in status_lines(positions, now)]
-    if any(p.buffered for p in positions):
-        lines.append("  (timer-only mode: a rank's phase may lag it by up to 0.5 s)")
+    lag = lag_note(positions)
+    if lag is not None:
+        lines.append("  " + lag)
     for p in positions:
         text = stacks.get(p.rank)
         lines.append(f"--- rank {p.rank} Python stack"

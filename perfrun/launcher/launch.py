@@ -21,6 +21,8 @@ torchrun's argument checks) is imported inside the function that needs it.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shlex
 import signal
@@ -33,8 +35,9 @@ from typing import Any, Optional
 from ..exitcodes import ExitCode
 from ..runtime.lifeline import parent_death_signal
 from ..runtime.memory import oom_kills
-from ..settings import Settings, child_environment
+from ..settings import Settings, child_environment, child_settings
 from ..store import layout
+from ..store.files import Reserve, atomic_write_text, full_reason
 from ..store.runmeta import write_job_meta, write_run_meta
 
 #: The package's folder, and the boot folder put first on the child's
@@ -56,6 +59,9 @@ FORWARDED = tuple(
     )
     if hasattr(signal, name)
 )
+#: Disk space the launcher holds back for its last record of the run
+#: (store.files.Reserve): run.json is a few kilobytes.
+RESERVE = 64 * 1024
 #: Signals a terminal sends to its whole foreground process group (Ctrl-C,
 #: Ctrl-\): the child has them already.
 TERMINAL_SIGNALS = (signal.SIGINT, getattr(signal, "SIGQUIT", signal.SIGINT))
@@ -79,6 +85,11 @@ class Outcome:
     status_path: Optional[str] = None
     #: --hang-timeout found the run hung (and reported it).
     hung: bool = False
+    #: The launcher's record of the run, as written to run.json.
+    meta: Optional[dict[str, Any]] = None
+    #: Why run.json could not be updated at the end (a full disk), or None:
+    #: then `meta` is the only record of how the run ended.
+    meta_unsaved: Optional[str] = None
 
 
 def check_target(settings: Settings) -> None:
@@ -377,7 +388,14 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "command": command_line,
         "launcher_pid": os.getpid(),
     }
-    env = child_environment(settings, run_dir, BOOT_DIR, extra=extra)
+    settings_file = layout.settings_path(run_dir, folder.node)
+    try:
+        atomic_write_text(settings_file, json.dumps(child_settings(settings, run_dir, BOOT_DIR,
+                                                                   extra=extra)))
+    except OSError as exc:
+        raise LaunchError(f"cannot write to the log folder {settings.log_dir}: "
+                          f"{exc.strerror or exc}", ExitCode.CONFIG) from None
+    env = child_environment(settings_file, BOOT_DIR)
     status_path: Optional[str] = None
     if settings.distributed:
         # One per node: in a job folder every node's agent writes its own.
@@ -403,8 +421,13 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     if folder.node is not None:
         meta["node_rank"] = settings.node_rank
     write_meta = _meta_writer(run_dir, folder)
-    write_meta(meta)
-    _prune(settings, run_dir)
+    try:
+        write_meta(meta)
+    except OSError as exc:
+        raise LaunchError(f"cannot write to the log folder {settings.log_dir}: "
+                          f"{exc.strerror or exc}", ExitCode.CONFIG) from None
+    # Room for the record of how the run ended, should the disk fill.
+    reserve = Reserve(layout.reserve_path(run_dir, _owner(folder)), RESERVE)
 
     # Handlers go in before the child starts; a signal that arrives before
     # there is a child to pass it to waits for it.
@@ -434,9 +457,17 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     start = time.monotonic()
     ooms_before = oom_kills()
     outcome_flags: dict[str, bool] = {"hung": False}
-    host_load = _start_host_load()
+    host_load = None
     try:
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup())
+        try:
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup())
+        except OSError as exc:
+            reserve.release()
+            raise LaunchError(start_failure(cmd, env, exc), ExitCode.CONFIG) from None
+        host_load = _start_host_load()
+        # Only once the run has started: a run that cannot start must
+        # not cost an old one.
+        _prune(settings, run_dir)
         if _terminal_owns_sigint():
             # Only now: a child started while SIGINT is ignored would
             # ignore Ctrl-C itself.
@@ -463,12 +494,75 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         # What perfrun was sent and passed on: the child's status then says
         # how the child took it.
         meta["signals"] = [_signal_name(s) for s in received]
-    write_meta(meta)
     if outcome_flags["hung"]:
         meta["hung"] = True
+    reserve.release()
+    if folder.node is None:
+        _clear_reserves(run_dir)
+    try:
         write_meta(meta)
+        unsaved = None
+    except OSError as exc:
+        # A full disk: the run's end is not on disk, but the report of
+        # what was kept is still printed, from this record (`meta`).
+        unsaved = f"{layout.RUN_META} not updated: {full_reason(exc.errno, exc.strerror)}"
     return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed,
-                   status_path=status_path, hung=outcome_flags["hung"])
+                   status_path=status_path, hung=outcome_flags["hung"], meta=meta,
+                   meta_unsaved=unsaved)
+
+
+def _owner(folder: RunFolder) -> str:
+    """Whose reserve: the launcher of a run, or a node of a job."""
+    return "launcher" if folder.node is None else f"node{folder.node}"
+
+
+def _clear_reserves(run_dir: str) -> None:
+    """The reserves ranks left when they were killed before their final
+    save (a one-node run: every rank has ended with the launcher's child)."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(layout.RESERVE_PREFIX):
+            try:
+                os.unlink(os.path.join(run_dir, name))
+            except OSError:
+                pass
+
+
+#: The longest single argument (or environment entry, NAME=VALUE) Linux
+#: passes to a program, terminating NUL included: MAX_ARG_STRLEN, 32 pages.
+MAX_ARG_STRLEN = 32 * 4096
+
+
+def start_failure(cmd: list[str], env: dict[str, str], exc: OSError) -> str:
+    """The one line for a child that could not be started (perfrun is
+    running, so its python is there; what fails is the exec itself)."""
+    if exc.errno == errno.E2BIG:
+        try:
+            arg_max = os.sysconf("SC_ARG_MAX")
+        except (ValueError, OSError, AttributeError):
+            arg_max = None
+        return "cannot start the script: " + argument_space(cmd, env, arg_max)
+    return f"cannot start the script ({cmd[0]}): {exc.strerror or exc}"
+
+
+def argument_space(cmd: list[str], env: dict[str, str], arg_max: Optional[int]) -> str:
+    """Why the kernel refused the argument list (E2BIG), with the figures:
+    one argument longer than MAX_ARG_STRLEN, or arguments and environment
+    together (each string, its NUL and its pointer) past ARG_MAX. The same
+    list is refused to `python` itself: perfrun adds to it only the full
+    path of python and two variables of a few dozen bytes."""
+    strings = [os.fsencode(a) for a in cmd] + [os.fsencode(f"{k}={v}") for k, v in env.items()]
+    longest = max((len(b) + 1 for b in strings), default=0)
+    if longest > MAX_ARG_STRLEN:
+        return (f"the argument list is too long: one argument is {longest - 1} bytes, and "
+                f"the system takes at most {MAX_ARG_STRLEN - 1} in one")
+    total = sum(len(b) + 1 for b in strings) + 8 * (len(strings) + 2)
+    limit = f"at most {arg_max}" if arg_max else "less"
+    return (f"the argument list is too long: the arguments and the environment take {total} "
+            f"bytes, and the system takes {limit}")
 
 
 def _wait(

@@ -2,8 +2,15 @@
 
 Every run leaves a folder, and a detailed window's traces can be tens of
 megabytes a rank, so a log folder that is never pruned fills the disk a
-nightly job writes to. After a run's folder is made, the oldest runs beyond
-the newest N are removed, with one line saying which.
+nightly job writes to. Once a run has started, the oldest runs beyond the
+newest N are removed, with one line saying which.
+
+What is counted is runs that recorded steps: a run that recorded none (a
+syntax error, `--help`, a script that never imported torch or failed before
+its loop) is no measurement, and twenty such mistakes must not push out
+every real run. So the newest N runs with steps are kept, besides the run
+starting (whose steps are not known yet); runs without steps are removed
+first, and kept only in the room the runs with steps leave.
 
 Only what perfrun named itself is ever a candidate (`YYYYMMDD-HHMMSS-PID`
 and `job-...` folders holding run.json or rank files): a folder a user put
@@ -30,7 +37,7 @@ from typing import Any, Optional
 
 from ..store.files import ResultsError
 from ..store.layout import MANAGED, NODES_DIR, REMOVING, RUN_META
-from ..store.rankfile import hostname, read_rank_file
+from ..store.rankfile import hostname, peek_rank_file, read_rank_file
 from ..store.results import pid_alive, rank_alive
 from ..store.runmeta import peek_run_meta
 
@@ -56,6 +63,9 @@ class RunState:
     alive: Optional[bool]
     #: The newest modification time of its files.
     last_write: float
+    #: Steps its ranks recorded, as far as its rank files say (the first
+    #: rank file that has any); 0 for a run that recorded none.
+    steps: int = 0
 
 
 def in_progress(run: RunState, now: float, stale_after: float = STALE_AFTER) -> bool:
@@ -71,15 +81,20 @@ def runs_to_remove(
     runs: Sequence[RunState], keep: int, current: str, now: float,
     stale_after: float = STALE_AFTER,
 ) -> list[str]:
-    """The names of the runs to remove, oldest first: all but the newest
-    `keep` (the current run counted among them, whatever its start time),
-    less those still in progress. `keep` 0 keeps everything."""
+    """The names of the runs to remove: besides the current run (never
+    removed, whatever its start time), the newest `keep` runs with steps
+    stay, and runs without steps only fill the room those leave. The runs
+    without steps go first, then the runs with steps, each oldest first;
+    none still in progress. `keep` 0 keeps everything."""
     if keep <= 0:
         return []
-    ordered = sorted(runs, key=lambda r: (r.name == current, r.started, r.name), reverse=True)
-    old = ordered[keep:]
-    return [r.name for r in reversed(old)
-            if r.name != current and not in_progress(r, now, stale_after)]
+    newest_first = sorted((r for r in runs if r.name != current),
+                          key=lambda r: (r.started, r.name), reverse=True)
+    measured = [r for r in newest_first if r.steps > 0]
+    empty = [r for r in newest_first if r.steps <= 0]
+    room = keep - min(keep, len(measured))
+    doomed = [*reversed(empty[room:]), *reversed(measured[keep:])]
+    return [r.name for r in doomed if not in_progress(r, now, stale_after)]
 
 
 # -- reading the log folder -------------------------------------------------------
@@ -127,7 +142,25 @@ def read_state(path: str, ask: bool = True) -> Optional[RunState]:
     alive: Optional[bool] = None
     if not ended and ask:
         alive = _alive(meta, rank_files)
-    return RunState(os.path.basename(path), float(started), ended, alive, max(mtimes))
+    return RunState(os.path.basename(path), float(started), ended, alive, max(mtimes),
+                    _steps(sorted(rank_files)))
+
+
+def _steps(rank_files: list[str]) -> int:
+    """The steps of the first rank file that recorded any (one is enough
+    to tell a run with steps; a file that cannot be read counts none)."""
+    for path in rank_files:
+        doc = peek_rank_file(path)
+        steps = doc.get("steps") if doc is not None else None
+        if not isinstance(steps, dict):
+            continue
+        count = steps.get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            rows = steps.get("rows")  # format 1: the rows inline
+            count = len(rows) if isinstance(rows, list) else 0
+        if count > 0:
+            return count
+    return 0
 
 
 def _alive(meta: dict[str, Any], rank_files: list[str]) -> Optional[bool]:
@@ -189,7 +222,7 @@ def prune(log_dir: str, keep: int, current: str) -> list[str]:
         return []
     _clear_leftovers(log_dir)
     runs = scan(log_dir, skip=[current])
-    if len(runs) <= keep:
+    if sum(r.name != current for r in runs) <= keep:
         return []
     # Ask about processes only for the runs that would go.
     going = set(runs_to_remove(runs, keep, current, time.time(), stale_after=float("-inf")))
@@ -228,5 +261,6 @@ def removal_note(removed: Sequence[str], log_dir: str, keep: int) -> str:
     shown = ", ".join(removed[:5]) + (f" and {n - 5} more" if n > 5 else "")
     return (
         f"removed {n} old run{'' if n == 1 else 's'} from {log_dir} ({shown}): keeping the "
-        f"newest {keep} (--keep N to change, --keep 0 keeps all)"
+        f"newest {keep} with steps, runs without steps first to go (--keep N to change, "
+        "--keep 0 keeps all)"
     )

@@ -23,7 +23,8 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from ..settings import Settings
-from ..store.layout import rank_filename, rank_stem, stack_path, steps_path
+from ..store.files import Reserve
+from ..store.layout import rank_filename, rank_stem, reserve_path, stack_path, steps_path
 from ..store.rankfile import environment, rank_document, rank_identity, write_rank_file
 from ..store.stepfile import COL, STEP_COLUMNS, StepWriter
 from . import hooks
@@ -35,6 +36,11 @@ from .memory import HostMemory
 from .modules import ModuleRanges, RootTracker
 from .position import describe, locate
 from .steps import WIDTH, StepTracker
+
+#: Disk space a rank holds back for its final save (store.files.Reserve):
+#: its rank file is a few kilobytes, a few hundred with a detailed
+#: window's tables.
+RESERVE = 256 * 1024
 
 _GPU_COL = COL["gpu_dataloader"]
 
@@ -102,6 +108,11 @@ class Agent:
         self._end_listeners: list[Callable[[int, float, bool], None]] = []
         self._undo: list[Any] = []
         self.step_writer: Optional[StepWriter] = None
+        self.reserve: Optional[Reserve] = None
+        # Why the last save could not write the steps it held (a full
+        # disk): they stay held for the next save, and the rank file says
+        # how many and why.
+        self._unsaved: Optional[OSError] = None
         # Saves so far: count, total seconds, longest (reported in the
         # rank file, so a user can see what perfrun's flushing costs).
         self._flushes = [0, 0.0, 0.0]
@@ -125,6 +136,8 @@ class Agent:
             # without perfrun the script would print no such lines.
             os.environ.setdefault("KINETO_LOG_LEVEL", "99")
         self.step_writer = StepWriter(steps_path(self.path), STEP_COLUMNS)
+        self.reserve = Reserve(reserve_path(self.run_dir, rank_stem(self.rank, self.restart)),
+                               RESERVE)
         self.write()
         atexit.register(self._atexit)
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -517,6 +530,8 @@ class Agent:
                     self.host_memory.sample(self.tracker.committed)
                 self.clock.drain_stale()
                 self.write()
+            except OSError:
+                pass  # the disk is full or gone: the steps stay held, the final save says
             except Exception as exc:
                 self.record_fault("flush", exc)
 
@@ -605,7 +620,16 @@ class Agent:
                 "file": os.path.basename(writer.path) if writer is not None else None,
                 "count": writer.written if writer is not None else 0,
             },
+            unsaved=self._unsaved_record(),
         )
+
+    def _unsaved_record(self) -> Optional[dict[str, Any]]:
+        """The steps held that the last save could not write, and why."""
+        exc = self._unsaved
+        if exc is None:
+            return None
+        return {"steps": len(self.tracker.buf) // WIDTH, "errno": exc.errno,
+                "error": exc.strerror or str(exc)}
 
     def position(self) -> dict[str, Any]:
         """Where the rank is now, for `perfrun status` and the hang detector:
@@ -644,17 +668,31 @@ class Agent:
     def write(self, final: bool = False) -> None:
         """Save: the new steps appended first, then the rank file rewritten
         (a few kilobytes, whatever the run's length), so the rank file never
-        counts a step its step file lacks."""
+        counts a step its step file lacks.
+
+        Steps that cannot be written (a full disk) stay held for the next
+        save, and the rank file says how many and why (`unsaved`); the
+        final save first gives back the space held for it, so that how
+        the run ended and how far its results got is written all the same."""
         with self._write_lock:
             began = perf_counter()
-            self._append_ready(final)
+            try:
+                self._append_ready(final)
+                self._unsaved = None
+            except OSError as exc:
+                self._unsaved = exc
             if self.pipeline is not None:
                 try:
                     self.pipeline.flush(final)
                 except Exception as exc:
                     self.record_fault("pipeline", exc)
             if final and self.step_writer is not None:
-                self.step_writer.sync()
+                try:
+                    self.step_writer.sync()
+                except OSError as exc:
+                    self._unsaved = self._unsaved or exc
+            if final and self.reserve is not None:
+                self.reserve.release()
             write_rank_file(self.path, self.document(), durable=final)
             took = perf_counter() - began
             flushes = self._flushes

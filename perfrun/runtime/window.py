@@ -164,7 +164,7 @@ class ProfilerWindow:
         self.recorded_from = max(index + warm, self.start)
         self.prof = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(wait=0, warmup=warm, active=active, repeat=1),
+            schedule=torch_schedule(torch, warm, active),
             on_trace_ready=self._ready,
             record_shapes=settings.record_shapes or settings.detailed,
             profile_memory=settings.profile_memory or settings.detailed,
@@ -317,6 +317,28 @@ class ProfilerWindow:
 # browser opens, and, kept run after run, more than a disk holds. The file is
 # bounded (--max-trace-mb); the tables are computed from every event before
 # the file is cut, so only the file loses steps, never the report.
+
+
+def schedule_action(step: int, warm: int, active: int) -> str:
+    """The profiler's action at `step` (counted from its start), by name:
+    what `torch.profiler.schedule(wait=0, warmup=warm, active=active,
+    repeat=1)` returns. perfrun's own, because torch's warns when `warm` is
+    0 (a window that starts at step 0 has no step before it to warm up on),
+    and that warning would be printed in the script's output as if from
+    the script."""
+    if step < warm:
+        return "WARMUP"
+    if step < warm + active - 1:
+        return "RECORD"
+    if step == warm + active - 1:
+        return "RECORD_AND_SAVE"
+    return "NONE"
+
+
+def torch_schedule(torch: Any, warm: int, active: int) -> Any:
+    """`schedule_action` as the schedule torch.profiler.profile calls."""
+    actions = torch.profiler.ProfilerAction
+    return lambda step: actions[schedule_action(step, warm, active)]
 
 
 def trace_limit(max_trace_mb: Any) -> int:

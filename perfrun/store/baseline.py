@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from .files import ResultsError, atomic_write_text, load_json
+from .files import MISSING, ResultsError, atomic_write_text, load_json
 from .rankfile import FORMAT as RESULTS_FORMAT
 from .rankfile import validate
 from .results import RunResults, read_run, resolve_run_dir
@@ -109,6 +109,20 @@ def mismatches(base: dict[str, Any], current: dict[str, Any]) -> list[str]:
 KEEP_RUNS = 10
 
 
+def unfit(run: RunResults) -> Optional[str]:
+    """Why `run` cannot be a baseline, or None. A run without a single step
+    (the script failed before its loop, never imported torch, or was given
+    `--help`) would be saved as a baseline that every later gate must refuse
+    (exit 67): refused here instead, so the job that records it fails and
+    the baseline already in the file, if any, is kept."""
+    if not run.ranks:
+        return "the run has no results: no rank wrote any"
+    if not any(r.n_steps for r in run.ranks):
+        return ("the run recorded no steps (no training loop was seen): a baseline needs "
+                "steps to compare against")
+    return None
+
+
 def write_baseline(
     run: RunResults,
     path: str,
@@ -120,7 +134,11 @@ def write_baseline(
     runs of the reference commit lets the gate see how much whole runs
     differ. `disturbed`: what disturbed the run's measurement, as decided
     now (analysis/disturbed.py; each a kind and a message). Returns the
-    number of runs the file now holds."""
+    number of runs the file now holds. A run `unfit` refuses raises
+    ResultsError (MISSING: no measurement was made) and writes nothing."""
+    problem = unfit(run)
+    if problem is not None:
+        raise ResultsError(problem, MISSING)
     fp = fingerprint(run)
     history: list[dict[str, Any]] = []
     previous = _read_doc(path)

@@ -11,9 +11,10 @@ Standard library only: the rank imports this module at start.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from .schema import shown
 
@@ -59,6 +60,77 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+#: Errors that say the disk, or the space this process may use of it, is
+#: full: a reserve is no help against these at the start, and a reader of
+#: a save that failed with one is told the disk was full.
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def full_reason(code: Optional[int], strerror: Optional[str] = None) -> str:
+    """A failed save's reason in a few words: "disk full" and the like for
+    FULL, else the system's own words."""
+    if code == errno.ENOSPC:
+        return "disk full"
+    if code == errno.EDQUOT:
+        return "disk quota exceeded"
+    if code == errno.EFBIG:
+        return "file size limit reached"
+    return strerror or (os.strerror(code) if code else "could not write")
+
+
+class Reserve:
+    """Disk space held back for one writer's last save.
+
+    A disk that fills during the run (a checkpoint, another job, perfrun's
+    own traces) must not cost the record of how the run ended and how far
+    its results got: the writer holds a file of `size` bytes from its
+    start and deletes it just before its final save, which then has that
+    room. Best effort: where the space cannot be set aside (a disk full
+    already, a file system that does not allocate), there is no reserve
+    and nothing else changes."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path: Optional[str] = None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except OSError:
+            return
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in FULL:
+                    raise
+                _write_zeros(fd, size)  # no fallocate on this file system
+            except AttributeError:
+                _write_zeros(fd, size)
+            self.path = path
+        except OSError:
+            _unlink(path)
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Give the space back (before the final save, or at the end)."""
+        path, self.path = self.path, None
+        if path is not None:
+            _unlink(path)
+
+
+def _write_zeros(fd: int, size: int) -> None:
+    block = bytes(min(size, 1 << 16))
+    left = size
+    while left > 0:
+        left -= os.write(fd, block[:left])
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def load_json(path: str, missing: str = "cannot read {path}: no such file") -> Any:

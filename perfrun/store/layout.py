@@ -12,6 +12,8 @@ whose nodes share the folder), and `latest`, a link to the newest. A run
 folder holds:
 
     run.json                       the launcher's record (runmeta.py)
+    settings.json                  what the ranks boot with (settings.child_settings;
+                                   nodes/settings.node<K>.json in a job folder)
     rank<R>.json                   a rank's document (rankfile.py); after an
     rank<R>.restart<K>.json          elastic restart, one per restart
     rank<R>.steps                  its steps, appended (stepfile.py)
@@ -27,6 +29,9 @@ folder holds:
     torchrun-status.json           how torchrun's failed workers ended
     hang.txt                       the hang report (--hang-timeout)
     report.html                    the page written at the end of the run
+    .reserve-<owner>               disk space a writer holds for its last save
+                                   (files.Reserve; a rank's stem, `launcher`,
+                                   or `node<K>`), gone when the run has ended
 
 Standard library only: the rank imports this module at start.
 """
@@ -40,6 +45,9 @@ import re
 LATEST = "latest"
 #: The launcher's record of the run (runmeta.py).
 RUN_META = "run.json"
+#: The settings the ranks boot with, read by boot/sitecustomize.py (a file,
+#: not the environment: the argument list is in it, of any length).
+SETTINGS_FILE = "settings.json"
 #: Each node's own launcher record, in a multi-node job's folder.
 NODES_DIR = "nodes"
 #: The detailed window's traces.
@@ -62,6 +70,9 @@ STEPS_SUFFIX = ".steps"
 JOB_PREFIX = "job-"
 #: A run folder being removed by --keep is first renamed to start so.
 REMOVING = ".perfrun-removing-"
+#: The space a writer holds back for its last save (files.Reserve), named
+#: after its owner: hidden, so no reader takes it for results.
+RESERVE_PREFIX = ".reserve-"
 #: A folder written by `perfrun combine` before it is renamed into place
 #: starts with a dot too: no name starting with "." is ever a run.
 HIDDEN = "."
@@ -168,6 +179,20 @@ def node_key_of(name: str) -> str | None:
 
 def node_path(run_dir: str, key: str) -> str:
     return os.path.join(run_dir, NODES_DIR, node_filename(key))
+
+
+def settings_path(run_dir: str, node: str | None = None) -> str:
+    """Where a launcher leaves the settings its ranks boot with: one file
+    per run, or per node in a job folder (each node's paths may differ)."""
+    if node is None:
+        return os.path.join(run_dir, SETTINGS_FILE)
+    return os.path.join(run_dir, NODES_DIR, f"settings.node{node}.json")
+
+
+def reserve_path(run_dir: str, owner: str) -> str:
+    """The reserve of one writer of the run folder: a rank (its stem), the
+    launcher of a one-node run (`launcher`), or a job's node (`node<K>`)."""
+    return os.path.join(run_dir, RESERVE_PREFIX + owner)
 
 
 def node_torchrun_status(key: str) -> str:

@@ -231,6 +231,7 @@ RANK_FILE = Obj({
         "module": Opt(STR),
         "script_args": Opt(ListOf(STR)),
         "scheduler": Opt(ListOf(INT, 2)),
+        "timer_only": Opt(BOOL),
         "warmup": Opt(INT),
         "summary": Opt(OBJ),
     }),
@@ -291,6 +292,10 @@ RANK_FILE = Obj({
     # by this save (a reader takes every whole row the file holds; see
     # _step_file).
     "steps": Obj({"columns": ListOf(STR), "rows": LIST, "file": STR, "count": INT}),
+    # The steps the rank held that this save could not write (a full disk:
+    # `errno` ENOSPC), and the system's words; absent or null when every
+    # step it had was written.
+    "unsaved": Opt(Obj({"steps": INT, "errno": Opt(INT), "error": STR})),
 })
 
 #: run.json, written by the launcher beside the rank files.
@@ -376,6 +381,7 @@ SECTIONS: dict[str, Any] = {
     "notes": list,
     "position": lambda: None,
     "steps": _inline_steps,
+    "unsaved": lambda: None,
 }
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import layout
-from .files import MISSING, ResultsError
+from .files import DAMAGED, MISSING, ResultsError
 from .rankfile import RankResult, hostname, read_rank_file
 from .runmeta import read_exit_codes, read_run_meta, run_started
 
@@ -79,7 +79,8 @@ def read_run(run_dir: str) -> RunResults:
     """Read and merge a run folder (the live path and `perfrun report` both
     come through here, so what is printed after a run can be reproduced)."""
     if not os.path.isdir(run_dir):
-        raise ResultsError(f"no such results folder: {run_dir}", MISSING)
+        raise ResultsError(not_a_run_folder(run_dir), MISSING if not os.path.exists(run_dir)
+                           else DAMAGED)
     paths = find_rank_files(run_dir)
     meta = read_run_meta(run_dir)
     if not paths and not meta:
@@ -105,6 +106,30 @@ def read_run(run_dir: str) -> RunResults:
     first, codes = read_exit_codes(run_dir)
     return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing,
                       exit_codes=codes, first_failed=first)
+
+
+def not_a_run_folder(path: str) -> str:
+    """What to tell a user who named `path` as a run folder and it is
+    none: that nothing is there, or what the file is and what reads it
+    (a file of a run folder, a baseline, anything else)."""
+    if not os.path.lexists(path):
+        return f"no such results folder: {path}"
+    if not os.path.isfile(path):
+        return f"{path} is not a folder: give a run folder or a log folder"
+    folder = os.path.dirname(os.path.abspath(path))
+    if is_run_dir(folder):
+        return (f"{path} is a file of the run folder {folder}: give the folder "
+                f"(perfrun report {folder})")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        head = b""
+    if b'"perfrun-baseline"' in head:
+        return (f"{path} is a baseline file, not a results folder: compare a run with it "
+                f"(perfrun compare {path} RUN)")
+    return (f"{path} is a file, not a results folder: give a run folder or a log folder "
+            "(a torch.profiler trace is read by perfrun analyze)")
 
 
 def is_run_dir(path: str) -> bool:

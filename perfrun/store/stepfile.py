@@ -164,9 +164,20 @@ class StepWriter:
         if fd is None:
             raise ValueError(f"{self.path} is closed")
         view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        except OSError:
+            # A full disk takes what fits and then refuses: a part of a row
+            # left at the end would shift every row appended once there is
+            # room again. Taken back (shrinking needs no space), the file
+            # ends on a whole row, as the rows `written` counts.
+            try:
+                os.ftruncate(fd, self.bytes)
+            except OSError:
+                pass
+            raise
         self.bytes += len(data)
 
     def append(self, rows: Sequence[Sequence[Any]]) -> None:

@@ -3,10 +3,12 @@
 Each epoch has `--batches` batches, so the loop's end-of-data fetches (the
 steps that open and are cancelled by StopIteration) fall at multiples of
 `--batches`. Each step also runs a range of the user's own and reads the
-loss with `.item()`.
+loss with `.item()`. `--lr-decay`, a retired option, is still accepted with
+a warning of the script's own.
 """
 
 import argparse
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +21,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--lr-decay", type=float, default=None, help="retired; ignored")
     args = parser.parse_args()
+    if args.lr_decay is not None:
+        warnings.warn("--lr-decay is retired and ignored", UserWarning, stacklevel=1)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
