@@ -41,7 +41,7 @@ from perfrun.analysis.summary import PHASE_TITLES
 from perfrun.report.comparison import comparison_blocks, verdict_line
 from perfrun.report.content import blocks
 from perfrun.report.jsonout import finite
-from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock
+from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock, fmt_sig
 from perfrun.store.files import atomic_write_text
 from perfrun.store.layout import REPORT_FILE
 
@@ -58,6 +58,8 @@ PHASE_COLOURS = {
     "others": "#a0a0a0",
 }
 TITLES = {**PHASE_TITLES, "others": "Others", "step": "Step"}
+#: Pixels between two rows of labels above a chart (10-pixel text).
+LABEL_ROW = 14
 
 
 # -- numbers (pure) ----------------------------------------------------------------
@@ -139,6 +141,7 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
         })
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
+    rows = [0]  # label rows used above the plot
     title = report.title
     n = s["n"]
 
@@ -148,10 +151,14 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
             "y0": 0, "y1": 1, "fillcolor": colour, "opacity": 0.15, "line": {"width": 0},
             "layer": "below",
         })
+        # Each region's label on a row of its own above the plot: warm-up
+        # and a window a few steps apart would print one over the other.
         annotations.append({
             "x": (lo + hi) / 2 - 0.5, "y": 1.0, "xref": "x", "yref": "paper", "text": label,
             "showarrow": False, "yanchor": "bottom", "font": {"size": 10},
+            "yshift": LABEL_ROW * rows[0],
         })
+        rows[0] += 1
 
     if title.warmup:
         region(0, min(title.warmup, n), "#f4d35e", f"warm-up ({title.warmup})")
@@ -178,8 +185,9 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
             "x": 1, "y": med * 1e3, "xref": "paper", "yref": "y", "xanchor": "right",
             "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": "#1d6b62"},
             "bgcolor": "rgba(255,255,255,0.8)",
-            "text": f"steady median {med * 1e3:.4f} ms (p10-p90 {p10 * 1e3:.4f}-"
-                    f"{p90 * 1e3:.4f} ms, {steady['n']} steps)",
+            "text": f"steady median {fmt_sig(med, factor=1e3)} ms (p10-p90 "
+                    f"{fmt_sig(p10, factor=1e3)}-{fmt_sig(p90, factor=1e3)} ms, "
+                    f"{steady['n']} steps)",
         })
     heading = f"Step time over the run (rank {series.rank}, {n} steps, one point per {per})"
     yaxis: dict[str, Any] = {"title": {"text": "ms"}, "rangemode": "tozero"}
@@ -198,7 +206,7 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
         heading,
         xaxis={"title": {"text": "step"}, "rangeslider": {"visible": n > 200}},
         yaxis=yaxis,
-        margin={"l": 60, "r": 20, "t": 70, "b": 60},
+        margin={"l": 60, "r": 20, "t": 70 + LABEL_ROW * max(rows[0] - 1, 0), "b": 60},
         # Below the range slider, which would otherwise cover it.
         legend={"orientation": "h", "y": -0.6 if n > 200 else -0.2},
         shapes=shapes,
@@ -337,12 +345,16 @@ def module_icicle(window: dict[str, Any], rank: int) -> Optional[dict[str, Any]]
     for root in children.get("", []):
         total(root)
     ids = list(parent_of)
+    # The boxes' sizes keep every digit (a parent must not come out
+    # narrower than its children's sum); their text is rounded, as the
+    # tables' figures are.
     data = [{
         "type": "icicle", "ids": ids, "labels": [n.rsplit(".", 1)[-1] for n in ids],
         "parents": [parent_of[n] for n in ids], "values": _ms([value[n] for n in ids]),
         "branchvalues": "total", "customdata": ids,
-        "hovertemplate": "%{customdata}: %{value:.4f} ms<extra></extra>",
-        "textinfo": "label+value",
+        "text": [fmt_sig(value[n], factor=1e3) for n in ids],
+        "texttemplate": "%{label}<br>%{text} ms",
+        "hovertemplate": "%{customdata}: %{text} ms<extra></extra>",
     }]
     layout = _layout(
         f"Modules of the window (rank {rank}): forward + backward ms, submodules inside",
