@@ -442,44 +442,47 @@ def test_the_report_reads_at_80_and_120_columns_in_a_terminal(tmp_path: Path) ->
     hanging indents, and the tables fit (a CPU run's Operator Summary has
     no GPU or MFLOPs column)."""
     # A log folder whose runs' paths fit 80 columns (pytest's own temporary
-    # paths do not), and make the notice's one line wider than 80.
+    # paths do not), and make the notice's one line wider than 80; removed
+    # however the test ends.
     short = Path(tempfile.mkdtemp(prefix="perfrun-layout-"))
-    log = short / "log"
-    root = Path(__file__).resolve().parents[1]
-    run = (f"cd {tmp_path} && PYTHONPATH={root} OMP_NUM_THREADS=1 {sys.executable} -m perfrun "
-           f"--log-dir {log} --scheduler 3 6 {EXAMPLE}; echo PERFRUN-EXIT=$?; sleep 600")
-    term = Terminal(tmp_path, width=80, height=50)
     try:
-        term.start(f"{SIZED} sh -c '{run}'")
-        text = term.wait_for(lambda s: "PERFRUN-EXIT=" in s, timeout=180, history="-")
-    finally:
-        term.close()
-    assert "PERFRUN-EXIT=0" in text, text
-    lines = _check_screen(text, 80)
-    # The start notice: the run folder whole on its own line, to copy.
-    head = next(i for i, line in enumerate(lines) if line.startswith("perfrun: profiling "))
-    assert lines[head].endswith("; results in"), lines[head]
-    run_dir = lines[head + 1].strip()
-    assert lines[head + 1] == f"  {run_dir}" and Path(run_dir).is_dir()
-    assert len(f"perfrun: profiling {EXAMPLE}; results in {run_dir}") > 80  # it would wrap
-    assert any(run_dir in line for line in lines[-8:])  # whole where it says it saved them
-    # The tables: Model Summary figures in columns of their own; a CPU run's
-    # Operator Summary with neither GPU time nor MFLOPs.
-    model = next(line for line in lines if line.startswith("Name ") and "CPU Total" in line)
-    assert model.split()[2:8] == ["CPU", "Total", "Avg", "Max", "Min", "Ratio(%)"]
-    operator = lines[lines.index("Operator Summary"):]
-    operator = operator[:operator.index("")]
-    assert not [line for line in operator if "GPU" in line or "MFLOPs" in line], operator
+        log = short / "log"
+        root = Path(__file__).resolve().parents[1]
+        run = (f"cd {tmp_path} && PYTHONPATH={root} OMP_NUM_THREADS=1 {sys.executable} -m perfrun "
+               f"--log-dir {log} --scheduler 3 6 {EXAMPLE}; echo PERFRUN-EXIT=$?; sleep 600")
+        term = Terminal(tmp_path, width=80, height=50)
+        try:
+            term.start(f"{SIZED} sh -c '{run}'")
+            text = term.wait_for(lambda s: "PERFRUN-EXIT=" in s, timeout=180, history="-")
+        finally:
+            term.close()
+        assert "PERFRUN-EXIT=0" in text, text
+        lines = _check_screen(text, 80)
+        # The start notice: the run folder whole on its own line, to copy.
+        head = next(i for i, line in enumerate(lines) if line.startswith("perfrun: profiling "))
+        assert lines[head].endswith("; results in"), lines[head]
+        run_dir = lines[head + 1].strip()
+        assert lines[head + 1] == f"  {run_dir}" and Path(run_dir).is_dir()
+        assert len(f"perfrun: profiling {EXAMPLE}; results in {run_dir}") > 80  # it would wrap
+        assert any(run_dir in line for line in lines[-8:])  # whole where it says it saved them
+        # The tables: Model Summary figures in columns of their own; a CPU run's
+        # Operator Summary with neither GPU time nor MFLOPs.
+        model = next(line for line in lines if line.startswith("Name ") and "CPU Total" in line)
+        assert model.split()[2:8] == ["CPU", "Total", "Avg", "Max", "Min", "Ratio(%)"]
+        operator = lines[lines.index("Operator Summary"):]
+        operator = operator[:operator.index("")]
+        assert not [line for line in operator if "GPU" in line or "MFLOPs" in line], operator
 
-    term = Terminal(tmp_path, width=120, height=50)
-    try:
-        term.start(f"{SIZED} sh -c 'cd {tmp_path} && PYTHONPATH={root} {sys.executable} -m "
-                   f"perfrun report {run_dir}; echo PERFRUN-EXIT=$?; sleep 600'")
-        wide = term.wait_for(lambda s: "PERFRUN-EXIT=" in s, timeout=120, history="-")
+        term = Terminal(tmp_path, width=120, height=50)
+        try:
+            term.start(f"{SIZED} sh -c 'cd {tmp_path} && PYTHONPATH={root} {sys.executable} -m "
+                       f"perfrun report {run_dir}; echo PERFRUN-EXIT=$?; sleep 600'")
+            wide = term.wait_for(lambda s: "PERFRUN-EXIT=" in s, timeout=120, history="-")
+        finally:
+            term.close()
+        assert "PERFRUN-EXIT=0" in wide, wide
+        lines = _check_screen(wide, 120)
+        notes = [line for item in _bullet_items(lines, "Notes") for line in item]
+        assert max(len(line) for line in notes) > 80, wide  # laid out for the wider terminal
     finally:
-        term.close()
-    shutil.rmtree(short, ignore_errors=True)
-    assert "PERFRUN-EXIT=0" in wide, wide
-    lines = _check_screen(wide, 120)
-    notes = [line for item in _bullet_items(lines, "Notes") for line in item]
-    assert max(len(line) for line in notes) > 80, wide  # laid out for the wider terminal
+        shutil.rmtree(short, ignore_errors=True)
