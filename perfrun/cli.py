@@ -215,7 +215,7 @@ def run_command(**kwargs: Any) -> int:
     obj = click.get_current_context().obj or {}
     # Said once the command line is known to be good, before the script runs.
     for note in obj.get("notes") or ():
-        click.echo(f"perfrun: {note}", err=True)
+        commands.say(note)
     return commands.run_and_report(settings, command_line=obj.get("command_line"))
 
 

@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, Optional
 from . import api
 from .exitcodes import ExitCode
 from .launcher.launch import LaunchError, Outcome, exit_like
+from .prose import for_stream
 from .settings import Settings
 from .store import layout
 from .store.files import MISSING, ResultsError, atomic_write_text
@@ -44,14 +45,16 @@ if TYPE_CHECKING:
 
 
 def say(message: str) -> None:
-    sys.stderr.write(f"perfrun: {message}\n")
+    """One message on stderr: one line in a pipe or a log; on a terminal,
+    laid out in its width (prose.py), a path or command never broken."""
+    sys.stderr.write(for_stream(f"perfrun: {message}", sys.stderr) + "\n")
     sys.stderr.flush()
 
 
 def note(message: str) -> None:
     """A note on stderr: told by readers when the run they read is not the
     one `latest` names."""
-    sys.stderr.write(f"perfrun: note: {message}\n")
+    sys.stderr.write(for_stream(f"perfrun: note: {message}", sys.stderr) + "\n")
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from .analysis.pipeline import LoaderPipeline
 from .analysis.report import build_report
 from .exitcodes import ExitCode
 from .launcher.hang import position_of
+from .prose import wrap
 from .report.table import render_table
 from .store.files import ResultsError
 from .store.rankfile import RankResult, hostname
@@ -212,6 +213,10 @@ def _where_now(data: dict[str, Any], now: float) -> str:
     return f"{p.phase.capitalize()}{step}" + (f" ({took:.1f} s)" if took is not None else "")
 
 
+#: The live view's width: an 80-column terminal over ssh.
+WIDTH = 80
+
+
 def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
@@ -252,8 +257,8 @@ def render_snapshot(snap: Snapshot, note: str = "") -> Group:
                           f"{excess * 100:+.1f}% vs the ranks' median)"))
     if snap.advice:
         lines.append(Text("Advice so far:", style="bold"))
-        for a in snap.advice:
-            lines.append(Text(f"  - {a}", overflow="fold"))
+        for a in snap.advice:  # each item's lines under its bullet (prose.py)
+            lines.append(Text("\n".join(wrap(a, WIDTH, "  - ", "    ")), overflow="fold"))
     if note:
         lines.append(Text(note, style="dim"))
     return Group(*lines)

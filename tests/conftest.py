@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -182,3 +184,78 @@ def run_python(tmp_path: Path) -> Callable[..., bytes]:
 # End of the end-to-end training section.
 # ---------------------------------------------------------------------------
 
+
+
+# ---------------------------------------------------------------------------
+# A real terminal: tmux (test_watch.py, test_display.py)
+#
+# tmux comes from the system's packages (.ci/run installs it); where it is
+# absent, or cannot start a server, the terminal tests skip and say why.
+# ---------------------------------------------------------------------------
+
+TMUX = shutil.which("tmux")
+
+
+def tmux_problem() -> Optional[str]:
+    """Why tmux cannot host the terminal tests here, or None. Having it on
+    PATH is not enough: on some machines its server cannot start at all
+    (`server exited unexpectedly`), which says nothing about perfrun."""
+    if TMUX is None:
+        return "no tmux on PATH (CI installs it: apt-get install tmux, see .ci/run)"
+    socket = f"perfrun-probe-{os.getpid()}"
+    try:
+        probe = subprocess.run([TMUX, "-L", socket, "new-session", "-d", "sleep 1"],
+                               capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"tmux cannot start a session here ({exc})"
+    subprocess.run([TMUX, "-L", socket, "kill-server"], capture_output=True, timeout=20)
+    if probe.returncode != 0:
+        return f"tmux cannot start a server here: {(probe.stderr or '').strip()}"
+    return None
+
+
+TMUX_PROBLEM = tmux_problem()
+needs_tmux = pytest.mark.skipif(TMUX_PROBLEM is not None, reason=TMUX_PROBLEM or "")
+
+
+class Terminal:
+    """A tmux server of the test's own (its own socket), `width` x `height`."""
+
+    def __init__(self, tmp: Path, width: int = 80, height: int = 40) -> None:
+        self.socket = f"perfrun-test-{os.getpid()}-{tmp.name}-{width}"
+        self.width, self.height = width, height
+
+    def tmux(self, *args: str) -> str:
+        assert TMUX is not None
+        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+
+    def start(self, command: str) -> None:
+        self.tmux("new-session", "-d", "-x", str(self.width), "-y", str(self.height), "-s",
+                  "term", command)
+
+    def screen(self, history: str = "-200") -> str:
+        """What the pane shows, `history` lines of scrollback included
+        (`-`: all of it); a line the terminal wrapped comes back whole."""
+        return self.tmux("capture-pane", "-p", "-J", "-S", history, "-t", "term")
+
+    def wait_for(self, predicate: Any, timeout: float = 90.0, history: str = "-200") -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen(history)
+            if predicate(screen):
+                return screen
+            time.sleep(0.5)
+        raise AssertionError(f"timed out; the screen was:\n{screen}")
+
+    def close(self) -> None:
+        subprocess.run([TMUX or "tmux", "-L", self.socket, "kill-server"], capture_output=True,
+                       timeout=30)
+
+
+def flat(text: str) -> str:
+    """Report text with its line wrapping undone (every run of whitespace one
+    space): perfrun lays sentences out at most 100 columns wide, in a pipe
+    too, so a phrase may sit across two lines."""
+    return " ".join(text.split())

@@ -1,20 +1,28 @@
 """How the report looks: tables that fit the terminal without cutting a
-number, prose a pipe gets on one line, a Perf Summary unit that does not
-flip between two runs of one script, and no NVML note on machines without
-an NVIDIA driver."""
+number, sentences laid out with hanging indents (in a pipe too), a Perf
+Summary unit that does not flip between two runs of one script, four
+significant figures, no NVML note on machines without an NVIDIA driver,
+and the whole output read in a real terminal of 80 and 120 columns."""
 
 from __future__ import annotations
 
 import io
 import re
+import shutil
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
+from conftest import Terminal, needs_tmux
 
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.analysis.summary import PerfSummary
 from perfrun.analysis.window import RankWindow, WindowReport
+from perfrun.prose import PROSE_WIDTH
 from perfrun.report.markdown import render_markdown_blocks
 from perfrun.report.primitives import ELLIPSIS, Column, LinesBlock, TableBlock, middle
 from perfrun.report.summary_blocks import perf_block
@@ -172,6 +180,36 @@ def test_operator_table_stacks_its_gpu_columns_at_80_columns() -> None:
     assert any(line.startswith(name + " ") for line in text)
 
 
+def test_a_cpu_windows_operator_summary_has_no_gpu_or_mflops_column() -> None:
+    """On a CPU (no GPU time recorded) and without --with-flops, the two
+    columns would be dashes from top to bottom: at 80 columns a second
+    table of 20 rows of "-". They are left out; each comes back alone where
+    its figures were recorded."""
+    def operator(**keep: bool) -> TableBlock:
+        summary = _summary()
+        for op in summary["operators"]:
+            if not keep.get("gpu"):
+                for k in ("gpu_total", "gpu_avg", "gpu_max", "gpu_min"):
+                    op.pop(k)
+            if not keep.get("flops"):
+                op.pop("flops")
+        report = WindowReport(window=(5, 15), ranks=[RankWindow(0, summary)])
+        [op] = [b for b in window_blocks(report, {"time_unit": "ms"}, lambda _key: True)
+                if isinstance(b, TableBlock) and b.key == "operator"]
+        return op
+
+    def headers(block: TableBlock) -> list[str]:
+        return [c.header for c in block.columns]
+
+    cpu = operator()
+    assert headers(cpu) == ["Name", "Calls", "CPU Total", "Avg", "Max", "Min", "Ratio (%)"]
+    assert all(len(row) == 7 for row in cpu.rows)
+    assert [columns for columns, _ in layout(cpu, 80)] == [list(range(7))]  # one table
+    assert headers(operator(gpu=True))[7:] == ["GPU Total"]
+    assert headers(operator(flops=True))[7:] == ["MFLOPs"]
+    assert headers(operator(gpu=True, flops=True))[7:] == ["GPU Total", "MFLOPs"]
+
+
 def test_markdown_prints_one_table_with_every_column() -> None:
     (op,) = [b for b in _window_tables() if b.key == "operator"]
     md = render_markdown_blocks([op]).splitlines()
@@ -194,17 +232,52 @@ def test_names_are_cut_in_the_middle() -> None:
 # -- prose in a pipe ---------------------------------------------------------------------
 
 
-def test_prose_in_a_pipe_is_one_line_without_trailing_spaces() -> None:
+def test_prose_in_a_pipe_is_wrapped_with_hanging_indents() -> None:
+    """A CI log gets sentences of at most PROSE_WIDTH characters, not one
+    line of hundreds: each bullet's continuation indented under it, a
+    table's note under its first line, and no line ending in spaces."""
     note = ("word " * 60).strip()
     assert len(note) > 290
     footer = "An operator's time includes the operators it calls, " * 4
     table = TableBlock("t", "Table", ["info " * 40], [Column("Name", "left"), Column("Memory",
                        "left")], [["a", "x"], ["bb", "a much longer cell"]], footer=[footer])
-    text = _render([LinesBlock("notes", "Notes", [note]), table], 80)
-    lines = text.splitlines()
-    assert f"  - {note}" in lines
-    assert footer.rstrip() in lines
-    assert not [line for line in lines if line.endswith(" ")]
+    for width in (120, 160):  # a pipe's tables are 120 wide; prose stays at 100
+        text = _render([LinesBlock("notes", "Notes", [note]), table], width)
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= PROSE_WIDTH
+        start = lines.index("Notes") + 1
+        bullet = lines[start:lines.index("", start)]
+        assert bullet[0].startswith("  - word") and len(bullet) == 4
+        assert all(line.startswith("    word") for line in bullet[1:])
+        assert " ".join(line.strip() for line in bullet) == f"- {note}"
+        first = next(i for i, line in enumerate(lines) if line.startswith("An operator's"))
+        assert lines[first + 1].startswith("  An operator's") or lines[first + 1].startswith(
+            "  calls")
+        assert not [line for line in lines if line.endswith(" ")]
+
+
+def test_advice_in_a_pipe_keeps_its_code_commands_and_numbers_whole() -> None:
+    """A real advice item, laid out in a pipe: the call to paste, the
+    option with its value, the command and each number with its unit on
+    one line, where plain word wrapping splits them."""
+    advice = (
+        "I/O-bound: Reader Ratio 21.721% (above 5%): each step waits 281 us for its batch out "
+        "of 1.29 ms. Try: index a whole batch, as the per-sample indexing and collate cost "
+        "229.4 us a batch: DataLoader(dataset, sampler=BatchSampler(sampler, batch_size=64), "
+        "batch_size=None) for a TensorDataset; predicted: the fetch falls from 285 us to about "
+        "99.4 us a batch; or a larger warm-up if the first steps still warm up (--warmup N), or "
+        "a window after them: perfrun train.py -- --scheduler 100 110"
+    )
+    whole = ["DataLoader(dataset, sampler=BatchSampler(sampler, batch_size=64), batch_size=None)",
+             "229.4 us", "99.4 us", "--warmup N", "perfrun train.py -- --scheduler 100 110"]
+    plain = textwrap.wrap(advice, PROSE_WIDTH, initial_indent="  - ", subsequent_indent="    ")
+    assert [w for w in whole if not any(w in line for line in plain)], "nothing to keep whole"
+    text = _render([LinesBlock("advice", "Advice", [advice])], 120)
+    lines = text.splitlines()[1:-1]
+    assert len(lines) > 3 and max(len(line) for line in lines) <= PROSE_WIDTH
+    assert lines[0].startswith("  - ") and all(line.startswith("    ") for line in lines[1:])
+    for piece in whole:
+        assert any(piece in line for line in lines), (piece, text)
 
 
 def test_prose_on_a_terminal_may_wrap() -> None:
@@ -246,15 +319,23 @@ def test_perf_summary_unit_is_the_same_for_two_runs_of_a_script(
     assert first.info[0] == second.info[0] == "time unit: ms, ips unit: steps/s"
 
 
-@pytest.mark.parametrize(("step", "slow", "cells"), [
-    (40e-6, 50e-6, ["0.04100", "0.05000", "0.04000"]),  # a small inference loop
-    (90.0, 100.0, ["91000.00000", "100000.00000", "90000.00000"]),  # a huge model
+@pytest.mark.parametrize(("step", "slow", "cells", "ips"), [
+    # a small inference loop
+    (40e-6, 50e-6, ["0.04100", "0.05000", "0.04000"], ["25000", "25000", "20000"]),
+    # the bundled example
+    (1.3436e-3, 3.79902e-3, ["1.589", "3.799", "1.344"], ["744.3", "744.3", "263.2"]),
+    # a huge model
+    (90.0, 100.0, ["91000", "100000", "90000"], ["0.01111", "0.01111", "0.01000"]),
 ])
-def test_perf_summary_keeps_digits_from_microseconds_to_minutes(
-    step: float, slow: float, cells: list[str]
+def test_perf_summary_keeps_four_figures_from_microseconds_to_minutes(
+    step: float, slow: float, cells: list[str], ips: list[str]
 ) -> None:
+    """Four significant figures, what two runs of one script agree on,
+    whatever the step's length: no `4162.26370` (five decimals of noise),
+    and no 0.00 for a step of microseconds."""
     block = perf_block(_perf(step, slow), 1, 0)
     assert block.rows[1] == ["batch_cost", *cells]
+    assert block.rows[2] == ["ips", *ips]
 
 
 # -- the NVML note -----------------------------------------------------------------------
@@ -306,3 +387,102 @@ def test_no_nvml_note_where_the_machine_has_no_nvidia_driver(
     notes: list[str] = []
     DeviceSampler(notes, env={})
     assert bool(notes) is present
+
+
+# -- the report in a real terminal, 80 and 120 columns ------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "scripts" / "example_train.py"
+#: The terminal's own size, not one the test process was given in COLUMNS
+#: (which perfrun, as rich and Python's shutil, would take instead).
+SIZED = "env -u COLUMNS -u LINES"
+
+
+def _bullet_items(screen: list[str], title: str) -> list[list[str]]:
+    """The items of the bullet block under `title`: each its lines."""
+    if title not in screen:
+        return []
+    items: list[list[str]] = []
+    for line in screen[screen.index(title) + 1:]:
+        if not line.strip():
+            break
+        if line.startswith("  - "):
+            items.append([line])
+        else:
+            assert items and line.startswith("    ") and line[4] != " ", (title, line)
+            items[-1].append(line)
+    return items
+
+
+def _check_screen(text: str, width: int) -> list[str]:
+    """What must hold at any width: no line the terminal had to wrap (tmux
+    gives a wrapped line back whole), sentences within the prose width,
+    bullets with hanging indents, `--warmup N` on one line, and one time
+    unit in the "Outside the steps" block."""
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, text
+    items = [item for title in ("Advice", "Outside the steps (whole run)", "Notes",
+                                "Measurement disturbed: these figures may not be the script's own")
+             for item in _bullet_items(lines, title)]
+    assert any(len(item) > 1 for item in items), text  # some item needed more than a line
+    assert all(len(line) <= min(width, PROSE_WIDTH) for item in items for line in item)
+    steps = next(i for i, line in enumerate(lines) if line.startswith("Steps: "))
+    assert "--warmup N" in lines[steps] + lines[steps + 1]
+    outside = [" ".join(item) for item in _bullet_items(lines, "Outside the steps (whole run)")]
+    units = {re.search(r", [\d.]+ (s|ms|us) ", item).group(1) for item in outside}  # type: ignore
+    assert len(units) == 1, outside
+    return lines
+
+
+@pytest.mark.slow
+@needs_tmux
+def test_the_report_reads_at_80_and_120_columns_in_a_terminal(tmp_path: Path) -> None:
+    """perfrun's own output in a real terminal (tmux) of 80 columns, then
+    `perfrun report` of that run in one of 120: the run folder is a line of
+    its own, no line is cut mid-path or mid-option, bullets keep their
+    hanging indents, and the tables fit (a CPU run's Operator Summary has
+    no GPU or MFLOPs column)."""
+    # A log folder whose runs' paths fit 80 columns (pytest's own temporary
+    # paths do not), and make the notice's one line wider than 80; removed
+    # however the test ends.
+    short = Path(tempfile.mkdtemp(prefix="perfrun-layout-"))
+    try:
+        log = short / "log"
+        root = Path(__file__).resolve().parents[1]
+        run = (f"cd {tmp_path} && PYTHONPATH={root} OMP_NUM_THREADS=1 {sys.executable} -m perfrun "
+               f"--log-dir {log} --scheduler 3 6 {EXAMPLE}; echo PERFRUN-EXIT=$?; sleep 600")
+        term = Terminal(tmp_path, width=80, height=50)
+        try:
+            term.start(f"{SIZED} sh -c '{run}'")
+            text = term.wait_for(lambda s: "PERFRUN-EXIT=" in s, timeout=180, history="-")
+        finally:
+            term.close()
+        assert "PERFRUN-EXIT=0" in text, text
+        lines = _check_screen(text, 80)
+        # The start notice: the run folder whole on its own line, to copy.
+        head = next(i for i, line in enumerate(lines) if line.startswith("perfrun: profiling "))
+        assert lines[head].endswith("; results in"), lines[head]
+        run_dir = lines[head + 1].strip()
+        assert lines[head + 1] == f"  {run_dir}" and Path(run_dir).is_dir()
+        assert len(f"perfrun: profiling {EXAMPLE}; results in {run_dir}") > 80  # it would wrap
+        assert any(run_dir in line for line in lines[-8:])  # whole where it says it saved them
+        # The tables: Model Summary figures in columns of their own; a CPU run's
+        # Operator Summary with neither GPU time nor MFLOPs.
+        model = next(line for line in lines if line.startswith("Name ") and "CPU Total" in line)
+        assert model.split()[2:8] == ["CPU", "Total", "Avg", "Max", "Min", "Ratio(%)"]
+        operator = lines[lines.index("Operator Summary"):]
+        operator = operator[:operator.index("")]
+        assert not [line for line in operator if "GPU" in line or "MFLOPs" in line], operator
+
+        term = Terminal(tmp_path, width=120, height=50)
+        try:
+            term.start(f"{SIZED} sh -c 'cd {tmp_path} && PYTHONPATH={root} {sys.executable} -m "
+                       f"perfrun report {run_dir}; echo PERFRUN-EXIT=$?; sleep 600'")
+            wide = term.wait_for(lambda s: "PERFRUN-EXIT=" in s, timeout=120, history="-")
+        finally:
+            term.close()
+        assert "PERFRUN-EXIT=0" in wide, wide
+        lines = _check_screen(wide, 120)
+        notes = [line for item in _bullet_items(lines, "Notes") for line in item]
+        assert max(len(line) for line in notes) > 80, wide  # laid out for the wider terminal
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import E2E_TIMEOUT, PerfrunRun, e2e_environment
+from conftest import E2E_TIMEOUT, PerfrunRun, e2e_environment, flat
 
 import perfrun
 from perfrun.analysis.window import sort_rows
@@ -266,7 +266,7 @@ def test_perf_summary_excludes_window_and_reports_overhead(window_run: WindowRun
         r"profiler overhead: (not measurable: )?window steps [+-]\d+\.\d% vs steps outside"
         r".*\(median \d+\.\d{3} ms over \d+ steps vs \d+\.\d{3} ms over \d+, which "
         r"spread by ±\d+%\)",
-        out,
+        flat(out),
     ), out
     for title in ("Overview Summary", "Model Summary (window)", "Operator Summary",
                   "UserDefined Summary"):

@@ -1,11 +1,13 @@
-"""Every perfrun command the README shows, run as written.
+"""Every perfrun command the README and its documents (docs/) show, run as
+written; and the README itself: a quick start of two commands, the second
+the one CI runs, Usage near the top, and every document it links there.
 
-The commands are read from the README itself (its code blocks, and the CI
-job's folded `run:` command), so a README that drifts from what perfrun
-accepts fails here. They run in a temporary folder where `train.py` is the
+The commands are read from the README and docs/ (their code blocks, and the
+CI job's folded `run:` command), so a document that drifts from what
+perfrun accepts fails here. They run in a temporary folder where `train.py` is the
 bundled example (scripts/example_train.py: 192 steps on CPU) and
 `rank0.pt.trace.json.gz` is a real GPU trace from tests/data/traces, in the
-README's order, so `perfrun report perfrun_log` and the gate find what the
+README's order (then the documents'), so `perfrun report perfrun_log` and the gate find what the
 commands before them left.
 
 Two commands cannot run as written here, and are held to what the README
@@ -33,14 +35,23 @@ from perfrun.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 TRACE = ROOT / "tests" / "data" / "traces" / "nccl_two_ranks" / "rank0.json.gz"
 
 
-def readme_commands() -> list[str]:
-    """The README's perfrun commands: each code-block line that starts with
-    `perfrun ` (comments dropped; usage lines with [OPTIONS] left out), and
-    the CI job's folded command."""
+def documents() -> list[Path]:
+    """The README, then the documents it links in docs/, in the order it
+    links them: the commands run in that order."""
     text = README.read_text(encoding="utf-8")
+    linked = dict.fromkeys(re.findall(r"\]\(docs/([\w-]+\.md)", text))
+    return [README, *(DOCS / name for name in linked)]
+
+
+def readme_commands() -> list[str]:
+    """The perfrun commands of the README and its documents: each
+    code-block line that starts with `perfrun ` (comments dropped; usage
+    lines with [OPTIONS] left out), and the CI job's folded command."""
+    text = "\n".join(doc.read_text(encoding="utf-8") for doc in documents())
     out = []
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
         lines = block.splitlines()
@@ -195,3 +206,78 @@ def test_every_exit_code_is_in_the_readmes_exit_code_table() -> None:
     section = text.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
     assert listed == {int(code) for code in ExitCode}
+
+
+# -- the README as a first-time reader meets it ---------------------------------------------
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
+    """Two commands: one installs the CPU build of torch from PyTorch's own
+    index (the default index would give the CUDA build), then perfrun, and
+    runs the bundled example; the other installs the test extra and runs
+    the suite, which is what .ci/run runs."""
+    quick = _section(README.read_text(encoding="utf-8"), "Quick start")
+    blocks = [b.strip() for b in re.findall(r"```\n(.*?)```", quick, re.S)]
+    assert len(blocks) == 2 and all("\n" not in b for b in blocks), blocks
+    first, second = blocks
+    assert first.startswith("pip install torch") and first.endswith(
+        "perfrun scripts/example_train.py")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in first
+    assert "pip install . " in first
+    # The torch it installs is the one the test extra pins, so the second
+    # command keeps it rather than fetching the CUDA build.
+    pinned = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pinned and f"torch=={pinned.group(1)} " in first
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    [ran] = [line for line in ci.splitlines() if "pytest" in line and not line.startswith("#")]
+    assert ran.replace("pip install -q ", "pip install ") == second
+    for said in ("Lightning", "transformers", "accelerate", "12 minutes"):
+        assert said in quick, said
+
+
+def test_usage_is_near_the_top_and_the_long_reference_is_in_docs() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert lines.index("## Usage") < 150
+    text = "\n".join(lines)
+    linked = documents()[1:]
+    assert linked and all(doc.exists() for doc in linked), linked
+    # Every document in docs/ is linked from the README, and links back.
+    assert {p.name for p in DOCS.glob("*.md")} - {"README.md"} == {p.name for p in linked}
+    for doc in linked:
+        assert "](../README.md)" in doc.read_text(encoding="utf-8"), doc
+    # The fast loop and its time are said where contributors look.
+    contributing = _section(text, "Contributing")
+    assert 'python -m pytest -q -m "not slow"' in contributing and "25 s" in contributing
+
+
+def _anchors(doc: Path) -> set[str]:
+    """The anchors GitHub makes of a document's headings: lower case,
+    punctuation dropped, spaces made hyphens."""
+    text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_every_relative_link_in_the_readme_and_docs_reaches_its_place() -> None:
+    for doc in [README, *DOCS.glob("*.md")]:
+        text = doc.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)]*))?\)", text):
+            path = doc.parent / target if target else doc
+            assert path.exists(), (doc.name, target)
+            if anchor and path.suffix == ".md":
+                assert anchor in _anchors(path), (doc.name, target, anchor)
+
+
+def test_the_ci_job_installs_perfrun_the_way_it_can_be_installed() -> None:
+    """perfrun is not on the public package index: the CI example installs
+    it from its repository or a wheel, never `pip install perfrun`."""
+    gate = _section(README.read_text(encoding="utf-8"), "CI performance gate")
+    job = re.search(r"```yaml\n(.*?)```", gate, re.S)
+    assert job is not None
+    [install] = [line.strip() for line in job.group(1).splitlines() if "pip install" in line]
+    assert install != "- run: pip install perfrun"
+    assert install.endswith(".whl") or "git+" in install, install

@@ -4,51 +4,23 @@ followed in a real 80-column terminal (tmux), its screen read while the run
 trains and after it ends.
 
 tmux comes from the system's packages (.ci/run installs it); where it is
-absent the terminal test skips and says so."""
+absent the terminal test skips and says so (conftest.py's Terminal)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from builders import MS, make_rank, make_rows, make_run
-from conftest import e2e_environment
+from conftest import Terminal, e2e_environment, needs_tmux
 
 from perfrun import watch
 from perfrun.cli import main
 
 SCRIPTS = Path(__file__).parent / "scripts"
-TMUX = shutil.which("tmux")
-
-
-def _tmux_problem() -> Optional[str]:
-    """Why tmux cannot host the terminal test here, or None. Having it on
-    PATH is not enough: on some machines its server cannot start at all
-    (`server exited unexpectedly`), which says nothing about perfrun."""
-    if TMUX is None:
-        return "no tmux on PATH (CI installs it: apt-get install tmux, see .ci/run)"
-    socket = f"perfrun-probe-{os.getpid()}"
-    try:
-        probe = subprocess.run([TMUX, "-L", socket, "new-session", "-d", "sleep 1"],
-                               capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"tmux cannot start a session here ({exc})"
-    subprocess.run([TMUX, "-L", socket, "kill-server"], capture_output=True, timeout=20)
-    if probe.returncode != 0:
-        return f"tmux cannot start a server here: {(probe.stderr or '').strip()}"
-    return None
-
-
-TMUX_PROBLEM = _tmux_problem()
-needs_tmux = pytest.mark.skipif(TMUX_PROBLEM is not None, reason=TMUX_PROBLEM or "")
-
-
 def test_rank_view_takes_the_last_steps() -> None:
     rows = make_rows([{"forward": MS, "backward": 2 * MS, "others": MS}] * 10
                      + [{"forward": 3 * MS, "backward": 4 * MS, "others": MS}] * 4)
@@ -91,38 +63,6 @@ def test_watch_of_a_missing_folder_is_one_line(capsys: Any, tmp_path: Path) -> N
 
 
 # -- a real run, in a real terminal --------------------------------------------------
-
-
-class Terminal:
-    """A tmux server of the test's own (its own socket), 80 x 40."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.socket = f"perfrun-test-{os.getpid()}-{tmp.name}"
-
-    def tmux(self, *args: str) -> str:
-        assert TMUX is not None
-        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True,
-                              timeout=30, check=True).stdout
-
-    def start(self, command: str) -> None:
-        self.tmux("new-session", "-d", "-x", "80", "-y", "40", "-s", "watch", command)
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "watch")
-
-    def wait_for(self, predicate: Any, timeout: float = 90.0) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if predicate(screen):
-                return screen
-            time.sleep(0.5)
-        raise AssertionError(f"timed out; the screen was:\n{screen}")
-
-    def close(self) -> None:
-        subprocess.run([TMUX or "tmux", "-L", self.socket, "kill-server"], capture_output=True,
-                       timeout=30)
 
 
 def _rank_line(screen: str, rank: int) -> list[str]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..exitcodes import ExitCode
+from ..prose import terminal_width, wrap
 from ..runtime.lifeline import parent_death_signal
 from ..runtime.memory import oom_kills
 from ..settings import Settings, child_environment, child_settings
@@ -226,12 +227,17 @@ def run_folder(settings: Settings) -> RunFolder:
     return RunFolder(prepare_run_dir(settings.log_dir))
 
 
-def start_notice(settings: Settings, folder: RunFolder) -> str:
-    """The line that names the run folder before the script starts; for a
-    node of a job, also the job, so the other nodes' users can check they
-    joined the same one."""
+def start_notice(settings: Settings, folder: RunFolder, width: Optional[int] = None) -> str:
+    """What names the run folder before the script starts; for a node of a
+    job, also the job, so the other nodes' users can check they joined the
+    same one.
+
+    `width`: a terminal's (prose.terminal_width). There the run folder, the
+    one thing to copy from it, is a line of its own, never broken; in a
+    pipe or a log the notice is one line, which grep finds whole."""
     target = settings.script or f"-m {settings.module}"
-    line = f"perfrun: profiling {target}; results in {folder.path}"
+    head = f"perfrun: profiling {target}; results in"
+    tail = ""
     job = folder.job
     if job is not None:
         if job.get("source") == "derived":
@@ -240,11 +246,16 @@ def start_notice(settings: Settings, folder: RunFolder) -> str:
         else:
             source = "--rdzv-id" if job.get("source") == "rdzv-id" else f"${job.get('source')}"
             named = f"job {job['id']} from {source}"
-        line += (f" ({named}; node {folder.node} of {job.get('nnodes')}; every node of the job "
-                 "writes here)")
+        tail = (f"({named}; node {folder.node} of {job.get('nnodes')}; every node of the job "
+                "writes here)")
         if folder.skipped:
-            line += f"; passed over earlier runs of it: {', '.join(folder.skipped[:3])}"
-    return line
+            tail += f"; passed over earlier runs of it: {', '.join(folder.skipped[:3])}"
+    if width is None:
+        return " ".join(x for x in (head, folder.path, tail) if x)
+    lines = wrap(head, width, "", "  ") + [f"  {folder.path}"]
+    if tail:
+        lines += wrap(tail, width, "  ", "  ")
+    return "\n".join(lines)
 
 
 def expected_ranks(settings: Settings) -> int:
@@ -376,7 +387,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     run_dir = folder.path
     if not settings.quiet:
         # Where the results go, before the script's first line of output.
-        sys.stderr.write(start_notice(settings, folder) + "\n")
+        sys.stderr.write(start_notice(settings, folder, terminal_width(sys.stderr)) + "\n")
         sys.stderr.flush()
     if settings.nsys:
         os.makedirs(os.path.join(run_dir, layout.NSYS_DIR), exist_ok=True)

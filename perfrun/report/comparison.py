@@ -9,7 +9,15 @@ from typing import Optional
 
 from perfrun.analysis.compare import Comparison
 from perfrun.analysis.gate import Verdict
-from perfrun.report.primitives import DASH, Block, Column, LinesBlock, TableBlock, TitleBlock
+from perfrun.report.primitives import (
+    DASH,
+    Block,
+    Column,
+    LinesBlock,
+    TableBlock,
+    TitleBlock,
+    fmt_sig,
+)
 
 
 def _value(v: Optional[float], unit: str) -> str:
@@ -17,7 +25,7 @@ def _value(v: Optional[float], unit: str) -> str:
         return DASH
     if unit == "s":
         return f"{v * 1e3:.3f} ms"
-    return f"{v:.2f}"
+    return fmt_sig(v)  # a throughput: as the Perf Summary prints it
 
 
 def _change(v: Optional[float]) -> str:

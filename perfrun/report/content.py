@@ -11,7 +11,7 @@ from perfrun.report.primitives import (
     Block,
     LinesBlock,
     TitleBlock,
-    fmt_num,
+    fmt_sig,
     plural,
     time_unit,
 )
@@ -33,9 +33,17 @@ def _ranks_phrase(ranks: tuple[int, ...]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
+def extras_unit(times: list[float]) -> tuple[str, float]:
+    """The unit of the "Outside the steps" block: seconds from 10 s, else
+    milliseconds from 1 ms, else microseconds."""
+    top = max((t for t in times if t is not None), default=0.0)
+    if top >= 10.0:
+        return "s", 1.0
+    return time_unit(top, coarse="ms")
+
 
 def advice_block(report: Report) -> Optional[LinesBlock]:
-    """Each piece of advice on one line: what was measured, then what to try.
+    """Each piece of advice as one item: what was measured, then what to try.
     The numbers it quotes are in the JSON report under `advice[].evidence`;
     advice that rests on no numbers is not printed."""
     lines = [a.text() for a in report.advice if a.evidence]
@@ -86,12 +94,13 @@ def blocks(report: Report, view: Optional[dict[str, Any]] = None) -> list[Block]
         out.append(advice)
     if report.extras:
         lines = []
+        # One unit for the block, chosen once from its largest time: lines
+        # read one under the other compare at a glance only in one unit.
+        unit, factor = extras_unit([e.time for e in report.extras])
         for e in report.extras:
-            unit, factor = time_unit(e.time)
             detail = f" ({e.detail})" if e.detail else ""
-            lines.append(
-                f"{e.name}: {plural(e.calls, e.unit)}, {fmt_num(e.time, 3, factor)} {unit}{detail}"
-            )
+            time = fmt_sig(e.time, factor=factor)
+            lines.append(f"{e.name}: {plural(e.calls, e.unit)}, {time} {unit}{detail}")
         out.append(LinesBlock("extras", "Outside the steps (whole run)", lines))
     if report.problems:
         out.append(LinesBlock("problems", "Ranks with problems", list(report.problems), "warning"))

@@ -6,8 +6,10 @@ Why this shape:
   on a cluster with no internet, so plotly's JavaScript is embedded, not
   linked from a CDN. Plotly is the library HTA's users already know; its
   Python package ships the minified bundle (plotly.min.js), so embedding it
-  needs no network and no build step. The charts are written as plain
-  plotly JSON (`{"data": [...], "layout": {...}}`) rather than through
+  needs no network and no build step. Every run folder holds a page, so the
+  4.8 MB bundle goes in packed (plotly_bundle: 1.8 MB) and the page unpacks
+  it with the browser's own DecompressionStream. The charts are written as
+  plain plotly JSON (`{"data": [...], "layout": {...}}`) rather than through
   plotly's Python figure classes: those validate every attribute and cost
   more than the whole report, and the report is written at the end of
   every run.
@@ -24,6 +26,9 @@ Why this shape:
 
 from __future__ import annotations
 
+import base64
+import functools
+import gzip
 import html
 import importlib.util
 import json
@@ -41,7 +46,7 @@ from perfrun.analysis.summary import PHASE_TITLES
 from perfrun.report.comparison import comparison_blocks, verdict_line
 from perfrun.report.content import blocks
 from perfrun.report.jsonout import finite
-from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock
+from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock, fmt_sig
 from perfrun.store.files import atomic_write_text
 from perfrun.store.layout import REPORT_FILE
 
@@ -58,6 +63,8 @@ PHASE_COLOURS = {
     "others": "#a0a0a0",
 }
 TITLES = {**PHASE_TITLES, "others": "Others", "step": "Step"}
+#: Pixels between two rows of labels above a chart (10-pixel text).
+LABEL_ROW = 14
 
 
 # -- numbers (pure) ----------------------------------------------------------------
@@ -139,6 +146,7 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
         })
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
+    rows = [0]  # label rows used above the plot
     title = report.title
     n = s["n"]
 
@@ -148,10 +156,14 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
             "y0": 0, "y1": 1, "fillcolor": colour, "opacity": 0.15, "line": {"width": 0},
             "layer": "below",
         })
+        # Each region's label on a row of its own above the plot: warm-up
+        # and a window a few steps apart would print one over the other.
         annotations.append({
             "x": (lo + hi) / 2 - 0.5, "y": 1.0, "xref": "x", "yref": "paper", "text": label,
             "showarrow": False, "yanchor": "bottom", "font": {"size": 10},
+            "yshift": LABEL_ROW * rows[0],
         })
+        rows[0] += 1
 
     if title.warmup:
         region(0, min(title.warmup, n), "#f4d35e", f"warm-up ({title.warmup})")
@@ -178,8 +190,9 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
             "x": 1, "y": med * 1e3, "xref": "paper", "yref": "y", "xanchor": "right",
             "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": "#1d6b62"},
             "bgcolor": "rgba(255,255,255,0.8)",
-            "text": f"steady median {med * 1e3:.4f} ms (p10-p90 {p10 * 1e3:.4f}-"
-                    f"{p90 * 1e3:.4f} ms, {steady['n']} steps)",
+            "text": f"steady median {fmt_sig(med, factor=1e3)} ms (p10-p90 "
+                    f"{fmt_sig(p10, factor=1e3)}-{fmt_sig(p90, factor=1e3)} ms, "
+                    f"{steady['n']} steps)",
         })
     heading = f"Step time over the run (rank {series.rank}, {n} steps, one point per {per})"
     yaxis: dict[str, Any] = {"title": {"text": "ms"}, "rangemode": "tozero"}
@@ -198,7 +211,7 @@ def step_chart(report: Report) -> Optional[dict[str, Any]]:
         heading,
         xaxis={"title": {"text": "step"}, "rangeslider": {"visible": n > 200}},
         yaxis=yaxis,
-        margin={"l": 60, "r": 20, "t": 70, "b": 60},
+        margin={"l": 60, "r": 20, "t": 70 + LABEL_ROW * max(rows[0] - 1, 0), "b": 60},
         # Below the range slider, which would otherwise cover it.
         legend={"orientation": "h", "y": -0.6 if n > 200 else -0.2},
         shapes=shapes,
@@ -337,12 +350,16 @@ def module_icicle(window: dict[str, Any], rank: int) -> Optional[dict[str, Any]]
     for root in children.get("", []):
         total(root)
     ids = list(parent_of)
+    # The boxes' sizes keep every digit (a parent must not come out
+    # narrower than its children's sum); their text is rounded, as the
+    # tables' figures are.
     data = [{
         "type": "icicle", "ids": ids, "labels": [n.rsplit(".", 1)[-1] for n in ids],
         "parents": [parent_of[n] for n in ids], "values": _ms([value[n] for n in ids]),
         "branchvalues": "total", "customdata": ids,
-        "hovertemplate": "%{customdata}: %{value:.4f} ms<extra></extra>",
-        "textinfo": "label+value",
+        "text": [fmt_sig(value[n], factor=1e3) for n in ids],
+        "texttemplate": "%{label}<br>%{text} ms",
+        "hovertemplate": "%{customdata}: %{text} ms<extra></extra>",
     }]
     layout = _layout(
         f"Modules of the window (rank {rank}): forward + backward ms, submodules inside",
@@ -487,15 +504,39 @@ def _chart_div(key: str, spec: dict[str, Any]) -> str:
             f"{payload}</script>")
 
 
-def _plotly_js() -> str:
+#: RFC 1924's base-85 alphabet (Python's b85encode) with `<` written as
+#: `.`, which the alphabet lacks: no `<` in the page's data, so nothing in
+#: it can end or confuse the element that holds it.
+_B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+B85_PAGE = _B85.replace("<", ".")
+
+
+@functools.lru_cache(maxsize=4)
+def _packed(path: str, mtime: float) -> str:
+    data = gzip.compress(_read(path), compresslevel=9, mtime=0)
+    return base64.b85encode(data).decode("ascii").translate(str.maketrans("<", "."))
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def plotly_bundle() -> str:
     """plotly's own minified bundle, from the installed plotly package (no
-    network; no import of plotly's Python side, which is slow to load)."""
+    network; no import of plotly's Python side, which is slow to load),
+    gzipped and written in base 85 (B85_PAGE), which the page's script
+    decodes and hands to the browser's DecompressionStream.
+
+    Why: the bundle is 4.8 MB, and every run folder holds a page. Gzipped it
+    is 1.5 MB, and base 85 (a quarter more, where base 64 adds a third)
+    keeps the page under 2 MB, still one file that opens offline. Made once
+    per process (about 0.3 s)."""
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
         raise RuntimeError("the plotly package is not installed (pip install plotly)")
     path = os.path.join(os.path.dirname(spec.origin), "package_data", "plotly.min.js")
-    with open(path, encoding="utf-8") as f:
-        return f.read().replace("</script", "<\\/script")
+    return _packed(path, os.stat(path).st_mtime)
 
 
 CSS = """
@@ -525,18 +566,50 @@ SCRIPT = """
   window.addEventListener('error', function(e){
     errors.textContent += 'JS error: ' + e.message + '\\n';
   });
+  // plotly's bundle, gzipped in base 85 (html.py, plotly_bundle): decoded
+  // here, inflated by the browser's own DecompressionStream, then run.
+  function unpack(text){
+    var alphabet = 'B85_PAGE', value = new Uint8Array(128);
+    for (var k = 0; k < 85; k++) value[alphabet.charCodeAt(k)] = k;
+    var n = text.length, rest = n % 5, whole = n - rest;
+    var out = new Uint8Array(whole / 5 * 4 + (rest ? rest - 1 : 0)), o = 0;
+    function group(i, len){
+      var x = 0;
+      for (var j = 0; j < 5; j++) x = x * 85 + (j < len ? value[text.charCodeAt(i + j)] : 84);
+      return [x >>> 24, (x >>> 16) & 255, (x >>> 8) & 255, x & 255];
+    }
+    for (var i = 0; i < whole; i += 5) {
+      var b = group(i, 5);
+      out[o] = b[0]; out[o + 1] = b[1]; out[o + 2] = b[2]; out[o + 3] = b[3]; o += 4;
+    }
+    if (rest) { var t = group(whole, rest); for (var m = 0; m < rest - 1; m++) out[o++] = t[m]; }
+    return out;
+  }
+  function loadPlotly(){
+    if (typeof DecompressionStream === 'undefined')
+      return Promise.reject(new Error('this browser cannot unpack the charts (no ' +
+        'DecompressionStream): open the page in a current Chrome, Firefox or Safari'));
+    var packed = document.getElementById('plotly-packed');
+    var stream = new Blob([unpack(packed.textContent)]).stream()
+      .pipeThrough(new DecompressionStream('gzip'));
+    return new Response(stream).text().then(function(code){
+      var el = document.createElement('script');
+      el.textContent = code;
+      document.head.appendChild(el);
+    });
+  }
   var specs = document.querySelectorAll('script.chart-spec');
   var drawn = 0;
-  specs.forEach(function(el){
-    try {
-      var spec = JSON.parse(el.textContent);
-      Plotly.newPlot(el.dataset.target, spec.data, spec.layout,
-                     {responsive: true, displaylogo: false});
-      drawn += 1;
-    } catch (e) { errors.textContent += 'chart ' + el.dataset.target + ': ' + e + '\\n'; }
-  });
-  document.body.setAttribute('data-charts', specs.length);
-  document.body.setAttribute('data-charts-drawn', drawn);
+  function draw(){
+    specs.forEach(function(el){
+      try {
+        var spec = JSON.parse(el.textContent);
+        Plotly.newPlot(el.dataset.target, spec.data, spec.layout,
+                       {responsive: true, displaylogo: false});
+        drawn += 1;
+      } catch (e) { errors.textContent += 'chart ' + el.dataset.target + ': ' + e + '\\n'; }
+    });
+  }
   function cellValue(td){
     var t = td.textContent.trim(), v = parseFloat(t.replace(/[,%]/g, ''));
     return isNaN(v) ? t.toLowerCase() : v;
@@ -565,7 +638,14 @@ SCRIPT = """
       });
     });
   });
-  document.body.setAttribute('data-ready', '1');
+  function done(){
+    document.body.setAttribute('data-charts', specs.length);
+    document.body.setAttribute('data-charts-drawn', drawn);
+    document.body.setAttribute('data-ready', '1');
+  }
+  (specs.length ? loadPlotly().then(draw) : Promise.resolve())
+    .catch(function(e){ errors.textContent += 'charts: ' + e.message + '\\n'; })
+    .then(done);
 })();
 """
 
@@ -579,9 +659,10 @@ def _page(title: str, sections: list[tuple[str, str, str]]) -> str:
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_esc(title)}</title>"
-        f"<style>{CSS}</style><script>{_plotly_js()}</script></head><body>"
+        f"<style>{CSS}</style></head><body>"
         f"<h1>{_esc(title)}</h1><nav>{nav}</nav><pre id=\"js-errors\"></pre>\n{body}\n"
-        f"<script>{SCRIPT}</script></body></html>\n"
+        f'<script type="application/octet-stream" id="plotly-packed">{plotly_bundle()}</script>'
+        f"<script>{SCRIPT.replace('B85_PAGE', B85_PAGE)}</script></body></html>\n"
     )
 
 

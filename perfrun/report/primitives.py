@@ -10,6 +10,7 @@ value prints identically in every format.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -70,6 +71,30 @@ def fmt_num(value: Optional[float], decimals: int, factor: float = 1.0) -> str:
     if value is None:
         return DASH
     return f"{value * factor:.{decimals}f}"
+
+
+#: Significant figures of a figure that varies from run to run (a step
+#: time, a throughput): two runs of one script differ in the third digit
+#: already, so a fourth is the most that means anything.
+SIGNIFICANT = 4
+
+
+def fmt_sig(value: Optional[float], digits: int = SIGNIFICANT, factor: float = 1.0) -> str:
+    """`value * factor` to `digits` significant figures, in plain notation:
+    0.2843, 1.344, 744.3, 47633 (a whole number keeps its integer digits;
+    an exponent would be harder to read against the row above it)."""
+    if value is None or not math.isfinite(value):
+        return DASH
+    scaled = value * factor
+    if scaled == 0:
+        return f"{0.0:.{digits - 1}f}"
+    exponent = math.floor(math.log10(abs(scaled)))
+    decimals = max(0, digits - 1 - exponent)
+    text = f"{scaled:.{decimals}f}"
+    # 9.9996 rounds up to 10.000: one decimal fewer keeps `digits` figures.
+    if decimals and abs(float(text)) >= 10.0 ** (exponent + 1):
+        text = f"{scaled:.{decimals - 1}f}"
+    return text
 
 
 def fmt_percent(value: Optional[float], decimals: int = 1) -> str:

@@ -22,6 +22,7 @@ from perfrun.report.primitives import (
     fmt_bytes,
     fmt_num,
     fmt_percent,
+    fmt_sig,
     plural,
     short_hosts,
     time_unit,
@@ -35,10 +36,21 @@ NO_DATALOADER = "no DataLoader: batch preparation is counted in Others"
 BATCH_REUSED = "no fetch in the counted steps: they train on a batch fetched before them"
 
 
-def _stats_cell(stats: Stats, ratio: Optional[float], factor: float, decimals: int = 2) -> str:
-    parts = [fmt_num(v, decimals, factor) for v in (stats.total, stats.avg, stats.max, stats.min)]
-    parts.append(fmt_percent(ratio, 2))
-    return " / ".join(parts)
+def _stats_cells(stats: Stats, ratio: Optional[float], factor: float,
+                 decimals: int = 2) -> list[str]:
+    """Total, Avg, Max, Min and Ratio(%) as cells of their own: in columns
+    of their own they line up, row under row, where `a / b / c` in one cell
+    did not."""
+    cells = [fmt_num(v, decimals, factor) for v in (stats.total, stats.avg, stats.max, stats.min)]
+    return cells + [fmt_percent(ratio, 2)]
+
+
+def _stats_columns(side: str) -> list[Column]:
+    """`CPU Total`, `Avg`, `Max`, `Min`, `Ratio(%)`: each figure a column of
+    its own; the side is named once, on its Total, as in the Operator
+    Summary, so CPU and GPU side by side fit 120 columns."""
+    return [Column(f"{side} Total"), Column("Avg"), Column("Max"), Column("Min"),
+            Column("Ratio(%)")]
 
 
 def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
@@ -55,11 +67,13 @@ def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
         counts.append(f"window steps excluded: {window_steps}")
     info = [f"time unit: {unit}, ips unit: steps/s", "   ".join(counts)]
 
+    # Four significant figures (primitives.SIGNIFICANT): what two runs of
+    # one script agree on. The unit stays ms for every run (PERF_UNIT).
     def time_row(name: str, s: Stats) -> list[str]:
-        return [name] + [fmt_num(v, 5, factor) for v in (s.avg, s.max, s.min)]
+        return [name] + [fmt_sig(v, factor=factor) for v in (s.avg, s.max, s.min)]
 
     def rate_row(name: str, r: Rate) -> list[str]:
-        return [name] + [fmt_num(v, 5) for v in (r.avg, r.max, r.min)]
+        return [name] + [fmt_sig(v) for v in (r.avg, r.max, r.min)]
 
     rows = [
         time_row("reader_cost", perf.reader_cost),
@@ -81,21 +95,22 @@ def model_block(model: ModelSummary) -> TableBlock:
         f"time unit: {unit}   Avg / Max / Min: per step ({plural(model.steps, 'step')})   "
         "Ratio(%): share of ProfileStep"
     ]
-    columns = [Column("Name", "left"), Column("Calls"),
-               Column("CPU Total / Avg / Max / Min / Ratio(%)", "left")]
+    columns = [Column("Name", "left"), Column("Calls")]
+    columns += _stats_columns("CPU")
     if model.has_gpu:
-        columns.append(Column("GPU Total / Avg / Max / Min / Ratio(%)", "left"))
+        columns += _stats_columns("GPU")
     rows = []
     for row in model.rows:
         name = row.name if row.is_step else "  " + row.name
-        cells = [name, DASH if row.calls is None else str(row.calls),
-                 _stats_cell(row.cpu, row.cpu_ratio, factor)]
+        cells = [name, DASH if row.calls is None else str(row.calls)]
+        cells += _stats_cells(row.cpu, row.cpu_ratio, factor)
         if model.has_gpu:
-            cells.append(
-                _stats_cell(row.gpu, row.gpu_ratio, factor) if row.gpu is not None else DASH
-            )
+            cells += (_stats_cells(row.gpu, row.gpu_ratio, factor) if row.gpu is not None
+                      else [DASH] * 5)
         rows.append(cells)
-    groups = [[2], [3]] if model.has_gpu else None
+    # A terminal too narrow for both sides prints the CPU's, then the GPU's,
+    # each after the name and the calls.
+    groups = [list(range(2, 7)), list(range(7, 12))] if model.has_gpu else None
     return TableBlock("model", "Model Summary", info, columns, rows, strong={0},
                       key_columns=2, groups=groups)
 

@@ -2,13 +2,17 @@
 
 The same output goes to terminals and to CI logs: when the stream is not a
 terminal there are no colours and the width is fixed, so a log file reads the
-same on every machine and a test can compare it.
+same on every machine and a test can compare it. Sentences (notes, advice,
+a table's notes) are laid out by perfrun/prose.py in both, at most
+PROSE_WIDTH wide with hanging indents, never broken inside a path, a
+command or a number with its unit; the title's lines (Command, Results)
+stay whole in a pipe.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import IO, Optional, Union
+from typing import IO, Optional
 
 from rich import box
 from rich.console import Console
@@ -16,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfrun.analysis.report import Report
+from perfrun.prose import PROSE_WIDTH, wrap
 from perfrun.report.content import blocks
 from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock, middle
 
@@ -201,25 +206,35 @@ def _tables(block: TableBlock, console: Console) -> list[tuple[Table, int]]:
     ]
 
 
-def _print(console: Console, renderable: Union[Text, Table], width: int = 0) -> None:
-    """Print to a terminal as rich lays it out; anywhere else (a pipe, a
-    file, CI) prose stays on one line, for the reader's viewer to wrap and
-    grep to find, and no line ends in the spaces that pad table cells.
+def _prose(console: Console, text: str, style: str = "", first: str = "", rest: str = "  ",
+           label: int = 0, whole: bool = False) -> None:
+    """A sentence in lines of the prose width (perfrun/prose.py), on a
+    terminal and in a pipe alike: each continuation line indented under its
+    first, so a bullet of six lines still reads as one item, and no path,
+    command, option or number with its unit is broken across lines.
+    `label`: characters at the start printed bold (`Results:`); `whole`:
+    on one line, however long."""
+    width = None if whole else min(console.width, PROSE_WIDTH)
+    for k, line in enumerate(wrap(text, width, first, rest)):
+        out = Text(line, style=style)
+        if k == 0 and label:
+            out.stylize("bold", 0, label)
+        console.print(out, soft_wrap=True)
 
-    `width`: what a table takes; on a console narrower than that, the line
-    runs past the edge rather than rich squeezing a number.
+
+def _print(console: Console, table: Table, width: int = 0) -> None:
+    """Print a table to a terminal as rich lays it out; anywhere else (a
+    pipe, a file, CI) with no line ending in the spaces that pad its cells.
+
+    `width`: what the table takes; on a console narrower than that, the
+    line runs past the edge rather than rich squeezing a number.
     """
     wide = max(console.width, width)
     if console.is_terminal:
-        console.print(renderable, width=wide)
-        return
-    if isinstance(renderable, Text):
-        text = renderable.copy()
-        text.rstrip()
-        console.print(text, soft_wrap=True)
+        console.print(table, width=wide)
         return
     with console.capture() as captured:
-        console.print(renderable, width=wide)
+        console.print(table, width=wide)
     lines = [line.rstrip() for line in captured.get().splitlines()]
     console.print(Text("\n".join(lines)), soft_wrap=True)
 
@@ -232,28 +247,31 @@ def render_blocks(items: list[Block], console: Console) -> None:
     """Lay out format-neutral blocks (any report: a run, a comparison)."""
     for block in items:
         if isinstance(block, TitleBlock):
+            # What the run was and where it is: in a pipe, one line each,
+            # as scripts and people grep a log for `Results:`; laid out in
+            # a terminal's width.
             for label, text in block.entries:
-                line = Text()
-                line.append(f"{label}: ", style="bold")
-                line.append(text)
-                _print(console, line)
+                _prose(console, f"{label}: {text}", label=len(label) + 1,
+                       whole=not console.is_terminal)
             console.print()
         elif isinstance(block, LinesBlock):
             style = _LEVEL_STYLE.get(block.level, "")
             if block.title:
-                _print(console, Text(block.title, style="bold " + style if style else "bold"))
+                _prose(console, block.title, "bold " + style if style else "bold")
             for line in block.lines:
-                prefix = "  - " if block.bullets else ""
-                _print(console, Text(prefix + line, style=style))
+                if block.bullets:
+                    _prose(console, line, style, "  - ", "    ")
+                else:
+                    _prose(console, line, style)
             console.print()
         else:
-            _print(console, Text(block.title, style="bold"))
+            _prose(console, block.title, "bold")
             for info in block.info:
-                _print(console, Text(info, style="dim"))
+                _prose(console, info, "dim")
             for i, (table, width) in enumerate(_tables(block, console)):
                 if i:
                     console.print()
                 _print(console, table, width)
             for line in block.footer:
-                _print(console, Text(line))
+                _prose(console, line)
             console.print()

@@ -303,48 +303,45 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
 
     ops = s.get("operators", [])
     if ops and show("op"):
+        # GPU time only where the window ran GPU work, MFLOPs only where the
+        # profiler counted FLOPs (--with-flops): a column of dashes says
+        # nothing and takes a terminal's width.
+        has_gpu = any(r.get("gpu_total") is not None for r in ops)
+        has_flops = any(r.get("flops") for r in ops)
         rows = []
         for r in sort_rows(ops, sort_by)[:limit]:
-            gpu = fmt_num(r.get("gpu_total"), 3, f)
             flops = r.get("flops")
-            rows.append(
-                [
-                    _name(r["name"], names),
-                    str(r["calls"]),
-                    *_times(r, f),
-                    _pct(r.get("ratio")),
-                    gpu,
-                    f"{flops / 1e6:.1f}" if flops else DASH,
-                ]
-            )
+            row = [_name(r["name"], names), str(r["calls"]), *_times(r, f), _pct(r.get("ratio"))]
+            if has_gpu:
+                row.append(fmt_num(r.get("gpu_total"), 3, f))
+            if has_flops:
+                row.append(f"{flops / 1e6:.1f}" if flops else DASH)
+            rows.append(row)
             if view.get("op_detail"):
                 for k in sort_rows(r.get("kernels", []), "cpu-total"):
-                    rows.append(
-                        [
-                            "  " + _name(k["name"], names - 2),
-                            str(k["calls"]),
-                            *([DASH] * 5),
-                            fmt_num(k.get("total"), 3, f),
-                            DASH,
-                        ]
-                    )
+                    row = ["  " + _name(k["name"], names - 2), str(k["calls"]), *([DASH] * 5)]
+                    if has_gpu:
+                        row.append(fmt_num(k.get("total"), 3, f))
+                    if has_flops:
+                        row.append(DASH)
+                    rows.append(row)
+        columns = [Column("Name", "left"), Column("Calls"), *_time_columns("CPU"),
+                   Column("Ratio (%)")]
+        if has_gpu:
+            columns.append(Column("GPU Total"))
+        if has_flops:
+            columns.append(Column("MFLOPs"))
+        extra = list(range(7, len(columns)))
         out.append(
             TableBlock(
                 "operator",
                 "Operator Summary",
                 [f"sorted by {sort_by}", f"time unit: {unit}", f"{len(ops)} operators"]
                 + _evaluated_ops(s),
-                [
-                    Column("Name", "left"),
-                    Column("Calls"),
-                    *_time_columns("CPU"),
-                    Column("Ratio (%)"),
-                    Column("GPU Total"),
-                    Column("MFLOPs"),
-                ],
+                columns,
                 rows,
                 footer=["An operator's time includes the operators it calls."],
-                groups=[[1, 2, 3, 4, 5, 6], [7, 8]],
+                groups=[[1, 2, 3, 4, 5, 6]] + ([extra] if extra else []),
             )
         )
 

@@ -26,7 +26,7 @@ sub-millisecond step every one counts. A float is what the clock read
 returns anyway, so the hook builds nothing and the buffer holds no tuple
 for the garbage collector to track until the replay: 0.1 to 0.3 us less a
 hooked call in one process, and a steady replay 0.2 us a step faster on
-workload (d) (README, "A step's fixed cost").
+workload (d) (docs/costs.md, "A step's fixed cost").
 """
 
 from __future__ import annotations

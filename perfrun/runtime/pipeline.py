@@ -27,7 +27,7 @@ cheaper ones once in SAMPLE_EVERY, the others only by how long they took
 off after it): an in-memory loop whose fetch takes tens of microseconds
 does not pay the few that the stages cost, and a row says how many fetches
 it stands for. Timer-only runs none of this: that mode
-promises the cheapest run (README, What perfrun costs).
+promises the cheapest run (docs/costs.md).
 
 Never in the script's way: each wrapper calls the original once with its
 arguments and returns its result or raises its exception untouched;
