@@ -50,13 +50,13 @@ def test_host_memory_samples_this_process_and_its_children() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:
         for step in range(3):
-            memory.sample(step)
+            memory.sample(step * 0.01)
     finally:
         child.kill()
         child.wait()
     out = memory.summary()
     assert out["process"]["measure"] == "rss"
-    assert [p[0] for p in out["process"]["points"]] == [0, 1, 2]
+    assert [p[0] for p in out["process"]["points"]] == [0, 10, 20]
     assert out["process"]["peak"] > 10 * MIB
     (entry,) = [v for k, v in out["children"].items() if int(k) == child.pid]
     assert entry["measure"] in ("uss", "rss")
@@ -109,9 +109,23 @@ def test_the_warm_up_and_the_first_tenth_are_not_steady() -> None:
     assert steady_points(points, warmup=300, last_step=999)[0] == (300, 300)
 
 
+def test_readings_are_placed_in_the_step_running_then() -> None:
+    from perfrun.analysis.memory import placed
+
+    # Steps of 10 ms from 1 s; readings in milliseconds on the same clock.
+    starts = [1.0 + 0.01 * k for k in range(100)]
+    ends = [s + 0.01 for s in starts]
+    readings = [[500, 1], [1000, 2], [1055, 3], [1999, 4], [2000, 5], [2500, 6]]
+    # Before the first step: start-up; after the last: the epilogue.
+    assert placed(readings, starts, ends) == [(0, 2), (5, 3), (99, 4), (99, 5)]
+    assert placed(readings, [], []) == []
+
+
 def test_workers_are_named_and_their_creep_given_once_for_all_of_them() -> None:
-    growing = [[s, int(20 * MIB + s * 0.15 * MIB)] for s in range(0, 500, 10)]
-    flat = [[s, 500 * MIB] for s in range(0, 500, 10)]
+    # 500 steps of 10 ms; a reading every 100 ms.
+    steps = ([k * 0.01 for k in range(500)], [(k + 1) * 0.01 for k in range(500)])
+    growing = [[10 * s, int(20 * MIB + s * 0.15 * MIB)] for s in range(0, 500, 10)]
+    flat = [[10 * s, 500 * MIB] for s in range(0, 500, 10)]
     section = {
         "limit": 16 << 30,
         "process": {"name": "main", "measure": "rss", "peak": 500 * MIB, "points": flat},
@@ -120,7 +134,7 @@ def test_workers_are_named_and_their_creep_given_once_for_all_of_them() -> None:
             "102": {"name": "child process", "measure": "uss", "peak": 0, "points": growing},
         },
     }
-    summary = memory_summary([(0, section, 499)], 3, {101: "DataLoader 0 worker",
+    summary = memory_summary([(0, section, steps)], 3, {101: "DataLoader 0 worker",
                                                      102: "DataLoader 0 worker"})
     assert summary is not None
     labels = [p.label for p in summary.processes]
@@ -291,6 +305,6 @@ def test_a_sigkill_with_an_oom_kill_in_the_cgroup_names_the_oom_killer() -> None
     killed = rank_problem(rank, Ending(status=-9, oom_kills=1))
     assert killed is not None and killed.startswith(
         "killed by the out-of-memory killer (SIGKILL) after 40 steps (its resident memory was "
-        "900 MiB at step 39, its last sample; it may use 1.0 GiB)")
+        "900 MiB at its last sample; it may use 1.0 GiB)")
     plain = rank_problem(rank, Ending(status=-9, oom_kills=0))
     assert plain is not None and plain.startswith("killed by SIGKILL after 40 steps")

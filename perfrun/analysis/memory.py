@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
 from perfrun.store.schema import as_int
 
 CREEP_MIN_POINTS = 8
@@ -89,17 +91,34 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float
     return slope, my - slope * mx, r2
 
 
+def placed(points: Sequence[Sequence[int]], starts: Any, ends: Any) -> list[tuple[int, int]]:
+    """Each (milliseconds, bytes) reading as (the step running then, bytes),
+    by the step rows' own times (seconds on the same clock): readings
+    before the first step began or after the last one ended (start-up, the
+    script's epilogue: its final metrics, its checkpoint) are no step's."""
+    starts = np.asarray(starts, dtype=float)
+    ends = np.asarray(ends, dtype=float)
+    if not starts.size:
+        return []
+    out = []
+    last_end = float(np.nanmax(ends))
+    for p in points:
+        if len(p) != 2:
+            continue
+        t = p[0] / 1000.0
+        k = int(np.searchsorted(starts, t, side="right")) - 1
+        if k >= 0 and t <= last_end:
+            out.append((k, int(p[1])))
+    return out
+
+
 def steady_points(points: Sequence[Sequence[int]], warmup: int, last_step: int) -> list[
         tuple[int, int]]:
-    """The points past the warm-up and the run's first CREEP_SKIP, and not
-    past the last step (a point taken after it is the script's epilogue:
-    its final metrics, its checkpoint)."""
+    """The (step, bytes) points past the warm-up and the run's first
+    CREEP_SKIP."""
     start = max(warmup, int(last_step * CREEP_SKIP))
-    out = []
-    for p in points:
-        if len(p) == 2 and start <= p[0] <= last_step:
-            out.append((int(p[0]), int(p[1])))
-    return out
+    return [(int(p[0]), int(p[1])) for p in points
+            if len(p) == 2 and start <= p[0] <= last_step]
 
 
 def creep(points: Sequence[tuple[int, int]], limit: Optional[int] = None) -> Optional[Creep]:
@@ -183,12 +202,13 @@ class MemorySummary:
 
 
 def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[str, Any],
-             warmup: int, last_step: int, limit: Optional[int]) -> Optional[ProcessMemory]:
-    points = [p for p in raw.get("points") or [] if isinstance(p, list) and len(p) == 2
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in p)]
-    if not points:
+             warmup: int, steps: tuple[Any, Any], limit: Optional[int]) -> Optional[ProcessMemory]:
+    readings = [p for p in raw.get("points") or [] if isinstance(p, list) and len(p) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in p)]
+    if not readings:
         return None
-    steady = steady_points(points, warmup, last_step)
+    points = placed(readings, *steps)
+    steady = steady_points(points, warmup, max(0, len(steps[0]) - 1))
     return ProcessMemory(
         rank=rank,
         pid=pid,
@@ -196,23 +216,23 @@ def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[
         kind=kind,
         measure="uss" if raw.get("measure") == "uss" else "rss",
         first=steady[0][1] if steady else None,
-        peak=max(as_int(raw.get("peak")) or 0, max(b for _, b in points)),
-        last=points[-1][1],
-        samples=len(points),
+        peak=max(as_int(raw.get("peak")) or 0, max(b for _, b in readings)),
+        last=points[-1][1] if points else readings[-1][1],
+        samples=len(readings),
         creep=creep(steady, limit),
     )
 
 
 def memory_summary(
-    ranks: Sequence[tuple[int, Mapping[str, Any], int]],
+    ranks: Sequence[tuple[int, Mapping[str, Any], tuple[Any, Any]]],
     warmup: int,
     workers: Mapping[int, str] = {},
 ) -> Optional[MemorySummary]:
-    """From (rank, its `memory` section, its last step) per rank: a row per
-    process. `workers`: the pids known to be DataLoader workers, with what
-    to call them."""
+    """From (rank, its `memory` section, (its steps' start times, their end
+    times)) per rank: a row per process. `workers`: the pids known to be
+    DataLoader workers, with what to call them."""
     out = MemorySummary()
-    for rank, section, last_step in ranks:
+    for rank, section, steps in ranks:
         if not isinstance(section, Mapping):
             continue
         limit = as_int(section.get("limit"))
@@ -220,7 +240,7 @@ def memory_summary(
             out.limit = limit
         main = section.get("process")
         if isinstance(main, Mapping):
-            row = _process(rank, None, "rank", f"rank {rank}", main, warmup, last_step, limit)
+            row = _process(rank, None, "rank", f"rank {rank}", main, warmup, steps, limit)
             if row is not None:
                 out.processes.append(row)
         children = section.get("children")
@@ -232,7 +252,7 @@ def memory_summary(
                 kind = (workers.get(pid) if pid is not None else None) or str(
                     raw.get("name") or "child process")
                 label = f"rank {rank} {kind} (pid {pid})"
-                row = _process(rank, pid, kind, label, raw, warmup, last_step, limit)
+                row = _process(rank, pid, kind, label, raw, warmup, steps, limit)
                 if row is not None:
                     out.processes.append(row)
     return out if out.processes else None

@@ -176,11 +176,11 @@ def _memory_then(rank: RankResult) -> str:
     points = process.get("points") if isinstance(process, Mapping) else None
     if not points or not isinstance(points[-1], list) or len(points[-1]) != 2:
         return ""
-    step, value = points[-1]
+    value = points[-1][1]
     limit = memory.get("limit")
     of = (f"; it may use {_mib(limit)}" if isinstance(limit, int) and limit > 0
           and not isinstance(limit, bool) else "")
-    return f" (its resident memory was {_mib(value)} at step {step}, its last sample{of})"
+    return f" (its resident memory was {_mib(value)} at its last sample{of})"
 
 
 def _mib(n: int) -> str:

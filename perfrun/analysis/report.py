@@ -59,6 +59,7 @@ from perfrun.store.pipelinefile import loader_files
 from perfrun.store.rankfile import RankResult
 from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
 from perfrun.store.schema import as_finite, as_int, finite_or_zero
+from perfrun.store.stepfile import COL
 
 
 @dataclass(frozen=True)
@@ -704,7 +705,10 @@ def _memory(run: RunResults, ranks: Sequence[RankResult], warmup: int) -> Option
                 if isinstance(number, int):
                     for pid, _path in loader_files(run.run_dir, stem, number)[1]:
                         workers[pid] = f"DataLoader {number} worker"
-            inputs.append((r.rank, r.data.get("memory"), max(0, r.n_steps - 1)))
+            table = r.table if r.n_steps else None
+            steps = ((table[:, COL["start"]], table[:, COL["end"]]) if table is not None
+                     else ((), ()))
+            inputs.append((r.rank, r.data.get("memory"), steps))
         return memory_summary(inputs, warmup, workers)
     except Exception:  # noqa: BLE001 - a damaged record must not cost the report
         return None

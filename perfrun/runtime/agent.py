@@ -527,7 +527,7 @@ class Agent:
                 if self.sampler is not None:
                     self.sampler.sample()
                 if self.host_memory is not None:
-                    self.host_memory.sample(self.tracker.committed)
+                    self.host_memory.sample(perf_counter() - self.t0)
                 self.clock.drain_stale()
                 self.write()
             except OSError:
@@ -741,7 +741,7 @@ class Agent:
         if self.sampler is not None:
             self.sampler.sample()
         if self.host_memory is not None:
-            self.host_memory.sample(self.tracker.committed)
+            self.host_memory.sample(perf_counter() - self.t0)
         self.write(final=True)
 
     def _atexit(self) -> None:

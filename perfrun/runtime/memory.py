@@ -1,11 +1,16 @@
 """Host memory over the run: the rank's resident set and each of its child
 processes' (DataLoader workers, compile workers), sampled from the flush
-thread beside the step the rank has reached.
+thread, each reading with its time: milliseconds since the rank started,
+on the clock of its step rows, so that the analysis places each reading in
+the step that was running (the step machine's own count can lag the
+script, and a reading after the last step is the script's epilogue, not a
+step).
 
 Why sampled and not per step: reading a resident set is a /proc read
 (about 15 µs for the process; a child's private memory, a page-table walk
-in the kernel, with the GIL released: about 2 ms for a 140 MB worker), which the flush
-thread can afford every couple of seconds and the training step cannot.
+in the kernel, with the GIL released: about 2 ms for a 140 MB worker),
+which the flush thread can afford every couple of seconds and the training
+step cannot.
 Memory creep is a slope over hundreds of steps, so a point every flush is
 enough to measure it (analysis/memory.py), and the per-step cost stays
 nothing.
@@ -17,7 +22,8 @@ it copies them one by one (copy-on-read of a Dataset's Python objects: each
 access writes a reference count), while its private memory grows with each
 copy. The kernel walks the page tables for that file in the read, with the
 GIL released, so the training thread does not wait on it. Where the file
-cannot be read the child's resident set stands in (`measure` says which).
+cannot be read (an older kernel) every child's resident set stands in
+(`measure` says which).
 
 A series keeps at most MAX_POINTS points whatever the run's length: when it
 is full every other point is dropped and the stride between the samples it
@@ -38,7 +44,8 @@ MAX_CHILDREN = 64
 
 
 class Series:
-    """(step, bytes) points of one process, thinned evenly when full."""
+    """(milliseconds, bytes) points of one process, thinned evenly when
+    full."""
 
     __slots__ = ("points", "stride", "seen", "peak", "name", "measure")
 
@@ -50,13 +57,13 @@ class Series:
         self.seen = 0
         self.peak = 0
 
-    def add(self, step: int, value: int) -> None:
+    def add(self, at_ms: int, value: int) -> None:
         if value > self.peak:
             self.peak = value
         self.seen += 1
         if (self.seen - 1) % self.stride:
             return
-        self.points.append([step, value])
+        self.points.append([at_ms, value])
         if len(self.points) >= MAX_POINTS:
             del self.points[1::2]
             self.stride *= 2
@@ -75,6 +82,7 @@ class HostMemory:
         self.limit: Optional[int] = None
         self._proc: Any = None
         self._psutil: Any = None
+        self._private = False
         self._known: dict[int, Any] = {}
         self._off: Optional[str] = None
         try:
@@ -82,17 +90,23 @@ class HostMemory:
                 import psutil
             self._psutil = psutil
             self._proc = psutil.Process()
+            # Whether this kernel gives private memory at all: decided once,
+            # so a child caught mid-fork is never measured another way.
+            self._private = private_bytes(os.getpid()) is not None
             self.process = Series("main")
             self.limit = memory_limit(psutil)
         except Exception as exc:  # pragma: no cover - psutil is a dependency
             self._off = f"{type(exc).__name__}: {exc}"
 
-    def sample(self, step: int) -> None:
+    def sample(self, at: float) -> None:
+        """One reading of every process, at `at` seconds since the rank
+        started (the origin of its step rows)."""
+        ms = int(round(at * 1000.0))
         proc = self._proc
         if proc is None or self.process is None:
             return
         try:
-            self.process.add(step, int(proc.memory_info().rss))
+            self.process.add(ms, int(proc.memory_info().rss))
         except Exception as exc:
             self._off = f"{type(exc).__name__}: {exc}"
             self._proc = None
@@ -112,8 +126,8 @@ class HostMemory:
                     child = self._psutil.Process(pid)
                 except Exception:
                     continue
-                measure = "uss" if private_bytes(pid) is not None else "rss"
-                series = self.children[pid] = Series(_child_name(child, proc), measure)
+                series = self.children[pid] = Series(_child_name(child, proc),
+                                                     "uss" if self._private else "rss")
                 self._known[pid] = child
             try:
                 # The Process object first seen: psutil checks it is still
@@ -121,10 +135,13 @@ class HostMemory:
                 known = self._known[pid]
                 if not known.is_running():
                     continue
-                value = private_bytes(pid) if series.measure == "uss" else None
-                if value is None:
+                if series.measure == "uss":
+                    value = private_bytes(pid)
+                    if value is None:
+                        continue  # gone, or not readable at this moment
+                else:
                     value = int(known.memory_info().rss)
-                series.add(step, value)
+                series.add(ms, value)
             except Exception:
                 continue
 

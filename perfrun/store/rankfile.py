@@ -266,8 +266,9 @@ RANK_FILE = Obj({
         "driver": Opt(STR),
     })),
     # Host memory over the run (runtime/memory.py): the rank's resident set
-    # and each child process's, as (step reached, bytes) points, thinned
-    # evenly to a bounded count; the memory the rank may use at most.
+    # and each child process's, as (milliseconds since the rank started, on
+    # its step rows' clock; bytes) points, thinned evenly to a bounded
+    # count; the memory the rank may use at most.
     "memory": Opt(Obj({
         "limit": Opt(INT),
         "process": Opt(_MEMORY_SERIES),
