@@ -190,7 +190,9 @@ def test_a_default_mode_hang_is_reported_in_the_default_mode(tmp_path: Path) -> 
     log = tmp_path / "log"
     script = Path(__file__).parent / "scripts" / "lifecycle_wait.py"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perfrun", "--log-dir", str(log), "--hang-timeout", "4",
+        # Ten seconds: importing torch alone took over 4 s on a loaded
+        # 2-core machine, and a hang then is reported before the mode is known.
+        [sys.executable, "-m", "perfrun", "--log-dir", str(log), "--hang-timeout", "10",
          "--hang-action", "terminate", str(script), "--pid-dir", str(tmp_path), "--steps", "5",
          "--wait", "60"],
         cwd=tmp_path, env=e2e_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
