@@ -117,13 +117,13 @@ def test_readings_are_placed_in_the_step_running_then() -> None:
     ends = [s + 0.01 for s in starts]
     readings = [[500, 1], [1000, 2], [1055, 3], [1999, 4], [2000, 5], [2500, 6]]
     # Before the first step: start-up; after the last: the epilogue.
-    assert placed(readings, starts, ends) == [(0, 2), (5, 3), (99, 4), (99, 5)]
-    assert placed(readings, [], []) == []
+    assert placed(readings, starts, ends[-1]) == [(0, 2), (5, 3), (99, 4), (99, 5)]
+    assert placed(readings, [], float("-inf")) == []
 
 
 def test_workers_are_named_and_their_creep_given_once_for_all_of_them() -> None:
     # 500 steps of 10 ms; a reading every 100 ms.
-    steps = ([k * 0.01 for k in range(500)], [(k + 1) * 0.01 for k in range(500)])
+    steps = ([k * 0.01 for k in range(500)], 5.0)
     growing = [[10 * s, int(20 * MIB + s * 0.15 * MIB)] for s in range(0, 500, 10)]
     flat = [[10 * s, 500 * MIB] for s in range(0, 500, 10)]
     section = {

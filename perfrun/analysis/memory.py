@@ -26,11 +26,10 @@ the machine's memory).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-import numpy as np
 
 from perfrun.store.schema import as_int
 
@@ -91,22 +90,40 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float
     return slope, my - slope * mx, r2
 
 
-def placed(points: Sequence[Sequence[int]], starts: Any, ends: Any) -> list[tuple[int, int]]:
+class StepStarts:
+    """The start times of a step table's rows, read where a bisection looks
+    (about 20 rows a reading), so placing a few hundred readings in a
+    memory-mapped table of a million steps reads a few pages of it."""
+
+    def __init__(self, table: Any, start: int, end: int) -> None:
+        self.table = table
+        self.start = start
+        self.end = end
+
+    def __len__(self) -> int:
+        return int(self.table.shape[0])
+
+    def __getitem__(self, k: int) -> float:
+        return float(self.table[k, self.start])
+
+    @property
+    def last_end(self) -> float:
+        return float(self.table[-1, self.end]) if len(self) else float("-inf")
+
+
+def placed(points: Sequence[Sequence[int]], starts: Sequence[float],
+           last_end: float) -> list[tuple[int, int]]:
     """Each (milliseconds, bytes) reading as (the step running then, bytes),
-    by the step rows' own times (seconds on the same clock): readings
-    before the first step began or after the last one ended (start-up, the
-    script's epilogue: its final metrics, its checkpoint) are no step's."""
-    starts = np.asarray(starts, dtype=float)
-    ends = np.asarray(ends, dtype=float)
-    if not starts.size:
-        return []
+    by the step rows' own start times (seconds on the same clock; `starts`
+    sorted, `last_end` the last step's end): readings before the first step
+    began or after the last one ended (start-up, the script's epilogue: its
+    final metrics, its checkpoint) are no step's."""
     out = []
-    last_end = float(np.nanmax(ends))
     for p in points:
         if len(p) != 2:
             continue
         t = p[0] / 1000.0
-        k = int(np.searchsorted(starts, t, side="right")) - 1
+        k = bisect_right(starts, t) - 1
         if k >= 0 and t <= last_end:
             out.append((k, int(p[1])))
     return out
@@ -202,7 +219,8 @@ class MemorySummary:
 
 
 def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[str, Any],
-             warmup: int, steps: tuple[Any, Any], limit: Optional[int]) -> Optional[ProcessMemory]:
+             warmup: int, steps: tuple[Sequence[float], float],
+             limit: Optional[int]) -> Optional[ProcessMemory]:
     readings = [p for p in raw.get("points") or [] if isinstance(p, list) and len(p) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)]
     if not readings:
@@ -224,12 +242,12 @@ def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[
 
 
 def memory_summary(
-    ranks: Sequence[tuple[int, Mapping[str, Any], tuple[Any, Any]]],
+    ranks: Sequence[tuple[int, Mapping[str, Any], tuple[Sequence[float], float]]],
     warmup: int,
     workers: Mapping[int, str] = {},
 ) -> Optional[MemorySummary]:
-    """From (rank, its `memory` section, (its steps' start times, their end
-    times)) per rank: a row per process. `workers`: the pids known to be
+    """From (rank, its `memory` section, (its steps' start times, its last
+    step's end)) per rank: a row per process. `workers`: the pids known to be
     DataLoader workers, with what to call them."""
     out = MemorySummary()
     for rank, section, steps in ranks:

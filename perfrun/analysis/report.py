@@ -23,7 +23,7 @@ from perfrun.analysis.advice import Advice, AdviceInputs, advise
 from perfrun.analysis.device import DeviceSummary, device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary, median_step
-from perfrun.analysis.memory import MemorySummary, memory_summary
+from perfrun.analysis.memory import MemorySummary, StepStarts, memory_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
 from perfrun.analysis.ranks import (
     MultiRankSummary,
@@ -705,10 +705,12 @@ def _memory(run: RunResults, ranks: Sequence[RankResult], warmup: int) -> Option
                 if isinstance(number, int):
                     for pid, _path in loader_files(run.run_dir, stem, number)[1]:
                         workers[pid] = f"DataLoader {number} worker"
-            table = r.table if r.n_steps else None
-            steps = ((table[:, COL["start"]], table[:, COL["end"]]) if table is not None
-                     else ((), ()))
-            inputs.append((r.rank, r.data.get("memory"), steps))
+            memory = r.data.get("memory")
+            if not isinstance(memory, Mapping):
+                continue
+            starts = StepStarts(r.mapped(), COL["start"], COL["end"]) if r.n_steps else None
+            steps = (starts, starts.last_end) if starts is not None else ((), float("-inf"))
+            inputs.append((r.rank, memory, steps))
         return memory_summary(inputs, warmup, workers)
     except Exception:  # noqa: BLE001 - a damaged record must not cost the report
         return None

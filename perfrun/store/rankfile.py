@@ -491,6 +491,14 @@ class RankResult:
         self._table = rows_table(self._rows or [])
         return self._table
 
+    def mapped(self) -> Any:
+        """The steps as an array that reads from the step file only the rows
+        looked at (memory-mapped; a bisection over a million steps reads a
+        few pages), or the table held."""
+        if self._table is None and self.steps_file is not None and self._rows is None:
+            return read_table(self.steps_file, mapped=True)[: self.n_steps]
+        return self.table
+
     def take(self, index: Any) -> Any:
         """The steps at `index` (step indices below n_steps) as an array of
         their own; from a step file, mapped, so only those steps are read."""
