@@ -212,7 +212,10 @@ def runs(tmp_path_factory: Any) -> dict[str, Any]:
     # call it inconclusive instead, and the page must say whichever it was.
     assert gated.returncode in (0, 68), gated.stderr
     out["verdict"] = "fail" if gated.returncode == 68 else "inconclusive"
-    for name in ("single", "ddp", "win", "gated"):
+    # Every step's logits kept: memory that creeps, read every 0.05 s.
+    _perfrun(root, "-q", "--log-dir", "mem", "--flush-interval", "0.05",
+             str(SCRIPTS / "mem_outputs.py"), "--steps", "150")
+    for name in ("single", "ddp", "win", "gated", "mem"):
         out[name] = Path(os.path.realpath(root / name / "latest"))
     out["root"] = root
     return out
@@ -307,6 +310,25 @@ def test_single_rank_page_renders_with_the_runs_numbers(runs: dict[str, Any]) ->
     for advice in report["advice"]:
         assert json.dumps(advice["evidence"], sort_keys=True, indent=1).splitlines()[1].strip() \
             in text
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_memory_is_drawn_over_the_run_beside_the_step_time(runs: dict[str, Any]) -> None:
+    """The Memory Summary's processes as lines over the steps, and the
+    summary itself among the page's summaries, not the window's."""
+    dom, console = _open(runs["mem"] / "report.html")
+    _check_rendered(dom, console)
+    assert dom.index('id="chart-steps"') < dom.index('id="chart-memory"')
+    texts = _svg_texts(dom, "memory")
+    assert "rank 0, resident" in texts
+    report = build_report(read_run(str(runs["mem"])))
+    assert report.memory is not None
+    (rank,) = report.memory.processes
+    assert len(rank.points) >= 8 and rank.creep is not None
+    text = htmlmod.unescape(dom)
+    summaries = text[text.index('id="summary"'):text.index('id="advice"')]
+    assert "Memory Summary" in summaries and "Memory creep" in text
 
 
 @pytest.mark.slow

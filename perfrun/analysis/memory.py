@@ -186,6 +186,9 @@ class ProcessMemory:
     last: Optional[int]
     samples: int
     creep: Optional[Creep]
+    #: (step, bytes): the readings placed in the steps they were taken in
+    #: (at most runtime/memory.MAX_POINTS), for the page's chart.
+    points: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,6 +202,7 @@ class ProcessMemory:
             "last": self.last,
             "samples": self.samples,
             "creep": self.creep.to_dict() if self.creep is not None else None,
+            "points": [list(p) for p in self.points],
         }
 
 
@@ -238,6 +242,7 @@ def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[
         last=points[-1][1] if points else readings[-1][1],
         samples=len(readings),
         creep=creep(steady, limit),
+        points=tuple(points),
     )
 
 

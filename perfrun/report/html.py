@@ -53,6 +53,7 @@ from perfrun.store.layout import REPORT_FILE
 #: Rows per window table in the page (the terminal's default is 20): the
 #: page's tables sort and filter, so they can hold every operator.
 HTML_ROW_LIMIT = 1000
+MIB = 1 << 20
 
 #: Colours per phase, shared by every chart (a phase reads alike everywhere).
 PHASE_COLOURS = {
@@ -93,6 +94,38 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
     }
     layout.update(extra)
     return layout
+
+
+def memory_chart(report: Report) -> Optional[dict[str, Any]]:
+    """Memory over the run beside the step time: each rank's resident
+    memory and each child's private memory at the steps they were read in
+    (the Memory Summary's processes); None where no process has two
+    readings inside the steps."""
+    memory = report.memory
+    if memory is None:
+        return None
+    data: list[dict[str, Any]] = []
+    for p in memory.processes:
+        if len(p.points) < 2:
+            continue
+        what = "private" if p.measure == "uss" else "resident"
+        data.append({
+            "type": "scatter", "mode": "lines+markers", "name": f"{p.label}, {what}",
+            "x": [s for s, _ in p.points], "y": [round(b / MIB, 1) for _, b in p.points],
+            "marker": {"size": 3}, "line": {"width": 1.2},
+            "hovertemplate": "step %{x}: %{y:.1f} MiB",
+        })
+    if not data:
+        return None
+    layout = {
+        "title": {"text": "Memory over the run (a rank's resident memory, a child's private "
+                          "memory)", "font": {"size": 13}},
+        "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero"},
+        "height": 320, "margin": {"t": 50, "r": 20, "b": 45, "l": 60},
+        "showlegend": True, "legend": {"orientation": "h", "y": -0.25},
+    }
+    return {"data": data, "layout": layout}
 
 
 def step_chart(report: Report) -> Optional[dict[str, Any]]:
@@ -701,7 +734,7 @@ def _split(items: list[Block]) -> dict[str, list[Block]]:
     """The report's blocks by where they go on the page."""
     groups: dict[str, list[Block]] = {"title": [], "summary": [], "ranks": [], "window": [],
                                       "advice": [], "rest": []}
-    summary_keys = {"perf", "model", "device", "problem"}
+    summary_keys = {"perf", "model", "device", "memory", "problem"}
     for b in items:
         key = getattr(b, "key", None)
         if isinstance(b, TitleBlock) or key == "disturbed":
@@ -754,6 +787,9 @@ def render_html(report: Report, base_dir: Optional[str] = None,
     chart = step_chart(report)
     if chart is not None:
         sections.append(("steps", "Step time over the run", _chart_div("steps", chart)))
+    memory = memory_chart(report)
+    if memory is not None:
+        sections.append(("memory-run", "Memory over the run", _chart_div("memory", memory)))
     sections.append(("summary", "Summaries", blocks_html(groups["summary"])))
     medians = report.series.medians if report.series is not None else {}
     if len(medians.get("ranks") or ()) > 1:
