@@ -56,7 +56,7 @@ from perfrun.analysis.device import DeviceSummary
 from perfrun.analysis.memory import MemorySummary
 from perfrun.analysis.pipeline import PipelineSummary
 from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
-from perfrun.analysis.stats import duration
+from perfrun.analysis.stats import duration, size
 from perfrun.analysis.straggler import ranks_phrase
 from perfrun.analysis.summary import PHASE_TITLES, ModelSummary, PerfSummary, forward_unseen
 from perfrun.store.schema import as_finite, as_int
@@ -653,14 +653,6 @@ def culprit_advice(verdict: Any, uses_gpu: bool = False) -> list[Advice]:
 # -- memory creep ----------------------------------------------------------------------------
 
 
-def _size(n: float) -> str:
-    n = float(n)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def memory_creep(inp: AdviceInputs) -> list[Advice]:
     """One finding per kind of process whose memory creeps
     (analysis/memory.py decides): a rank, or a rank's DataLoader workers
@@ -695,13 +687,13 @@ def memory_creep(inp: AdviceInputs) -> list[Advice]:
         each = " each" if len(procs) > 1 else ""
         message = (
             f"{who}: {what} memory grew steadily over steps {c.first_step:,}-"
-            f"{c.last_step:,}, {_size(c.first)} -> {_size(c.last)}"
+            f"{c.last_step:,}, {size(c.first)} -> {size(c.last)}"
             + (f" in the fastest, pid {worst.pid}" if len(procs) > 1 else "")
-            + f": {_size(c.per_1000_steps)} per 1,000 steps{each} (a straight line explains "
+            + f": {size(c.per_1000_steps)} per 1,000 steps{each} (a straight line explains "
             f"it: R² {c.r2:.2f})."
         )
         if c.full_at is not None and c.limit:
-            message += (f" At that rate it reaches the {_size(c.limit)} this rank may use "
+            message += (f" At that rate it reaches the {size(c.limit)} this rank may use "
                         f"at about step {c.full_at:,}.")
         if "DataLoader" in kind:
             actions = [

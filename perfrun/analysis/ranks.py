@@ -21,7 +21,7 @@ import numpy as np
 from perfrun.analysis import columns
 from perfrun.analysis.flops import median_step
 from perfrun.analysis.selection import rank_counted
-from perfrun.analysis.stats import Stats
+from perfrun.analysis.stats import Stats, size
 from perfrun.analysis.straggler import RankSteps, Straggler
 from perfrun.analysis.straggler import decide as decide_straggler
 from perfrun.store.files import full_reason
@@ -178,13 +178,9 @@ def _memory_then(rank: RankResult) -> str:
         return ""
     value = points[-1][1]
     limit = memory.get("limit")
-    of = (f"; it may use {_mib(limit)}" if isinstance(limit, int) and limit > 0
+    of = (f"; it may use {size(limit)}" if isinstance(limit, int) and limit > 0
           and not isinstance(limit, bool) else "")
-    return f" (its resident memory was {_mib(value)} at its last sample{of})"
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+    return f" (its resident memory was {size(value)} at its last sample{of})"
 
 
 def unsaved_problem(rank: RankResult) -> Optional[str]:

@@ -189,6 +189,17 @@ def duration(seconds: float) -> str:
     return f"{seconds} s"  # pragma: no cover - the loop always returns
 
 
+def size(n: float) -> str:
+    """Bytes in binary units, with a decimal below 100 of the unit:
+    `774 MiB`, `75.2 MiB`, `1.0 GiB`."""
+    n = float(n)
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if abs(value) >= 100 else f"{value:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _sig(value: float) -> str:
     if value == 0.0:
         return "0"

@@ -415,11 +415,14 @@ def window_span(
     return "trace", [], min(e.ts for e in pool), max(e.end for e in pool)
 
 
-def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, Any]:
+def summarize(events: Iterable[Any], steps: Optional[int] = None,
+              evaluation: Optional[list[Interval]] = None) -> dict[str, Any]:
     """Aggregate a window's trace events (dicts as in the JSON, or the
     compact Events of tracefile.py) into the data every window table is
     printed from. Times in seconds (the trace's are microseconds). `steps`:
-    how many steps the window holds (default: the step ranges found)."""
+    how many steps the window holds (default: the step ranges found);
+    `evaluation`: its evaluation passes, where the caller has them already
+    (default: `evaluation_ranges` of the events)."""
     evs = _events(events)
     spans = [e for e in evs if e.ph == "X" and e.dur is not None]
     source, step_spans, lo, hi_cpu = window_span(spans)
@@ -431,7 +434,7 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None) -> dict[str, A
     every = source == "trace"  # no steps: the whole trace is the window
 
     # Evaluation passes: whatever begins in one is counted apart.
-    eval_ivs = evaluation_ranges(spans)
+    eval_ivs = evaluation_ranges(spans) if evaluation is None else evaluation
     eval_starts = [a for a, _ in eval_ivs]
     eval_ops = 0
     eval_op_time = 0.0

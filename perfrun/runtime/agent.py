@@ -31,7 +31,7 @@ from . import hooks
 from .clock import BufferedClock, PhaseClock
 from .device import DeviceSampler
 from .hooks import OFF, HookState
-from .lifeline import STACK_SIGNAL, ended_status
+from .lifeline import STACK_SIGNAL, ended_status, say_unsaved
 from .memory import HostMemory
 from .modules import ModuleRanges, RootTracker
 from .position import describe, locate
@@ -748,10 +748,7 @@ class Agent:
         try:
             self.finish()
         except Exception as exc:  # never let our exit handler change the exit
-            try:
-                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
-            except Exception:
-                pass
+            say_unsaved(exc)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self.status == "running":
@@ -772,10 +769,7 @@ class Agent:
                 self.exit["os_exit"] = status
             self.finish()
         except Exception as exc:
-            try:
-                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
-            except Exception:
-                pass
+            say_unsaved(exc)
 
     def _watch_exec(self) -> None:
         """Save before os.exec*: the process keeps its pid but not its
@@ -821,10 +815,7 @@ class Agent:
             self.notes.append(self._exec_note)
             self.finish()
         except Exception as exc:
-            try:
-                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
-            except Exception:
-                pass
+            say_unsaved(exc)
 
     def _exec_failed(self, exc: BaseException) -> None:
         """The exec did not happen (no such program...): the script goes on,

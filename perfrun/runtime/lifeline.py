@@ -92,3 +92,13 @@ def ended_status(last: Optional[BaseException], exit: dict[str, Any]) -> str:
             exit["signal"] = int(signal.SIGINT)
         return "signalled"
     return "finished"
+
+
+def say_unsaved(exc: BaseException) -> None:
+    """The one line a rank prints when its save at exit fails: never a
+    traceback, and never an exception out of the exit path that would
+    change how the script ends."""
+    try:
+        sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+    except Exception:
+        pass

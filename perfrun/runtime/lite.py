@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from ..store.layout import rank_filename
 from ..store.rankfile import env_int, environment, rank_document, rank_identity, write_rank_file
-from .lifeline import AGENT_PID_VAR, die_with, ended_status
+from .lifeline import AGENT_PID_VAR, die_with, ended_status, say_unsaved
 
 
 class TorchWatcher:
@@ -125,10 +125,7 @@ class Boot:
         try:
             self._write("finished")
         except Exception as exc:
-            try:
-                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
-            except Exception:
-                pass
+            say_unsaved(exc)
 
     def _before_os_exit(self, status: Any) -> None:
         """The script calls os._exit(status) in this rank: save now, as the
@@ -142,10 +139,7 @@ class Boot:
         try:
             self._write("finished", os_exit=status)
         except Exception as exc:
-            try:
-                sys.stderr.write(f"perfrun: could not save results: {exc}\n")
-            except Exception:
-                pass
+            say_unsaved(exc)
 
     def _write(self, status: str, os_exit: Any = None) -> None:
         """The results of a rank that has not imported torch (yet)."""

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from ..analysis.modules import summarize_modules
 from ..analysis.trace import PHASE_PREFIX, STEP_PREFIX, evaluation_ranges, summarize
+from ..analysis.tracefile import compact
 from ..store import layout
 from ..store.files import atomic_write_text
 from .annotations import as_annotations, range_api
@@ -279,11 +280,14 @@ class ProfilerWindow:
         steps = self.end - (self.recorded_from or self.start)
         if self.last_committed < self.end - 1:
             steps = max(0, self.last_committed + 1 - (self.recorded_from or self.start))
-        summary = summarize(events, steps)
+        # The trace's events made compact once, for the passes and the tables.
+        compact_events = compact(events)
+        evaluation = evaluation_ranges(compact_events)
+        summary = summarize(compact_events, steps, evaluation)
         ranges = agent.module_ranges
         summary["modules"] = summarize_modules(
             events, summary["window_time"], ranges.tree if ranges is not None else None,
-            evaluation_ranges(events),
+            evaluation,
         )
         events.extend(_perfrun_track(events))
         path = layout.trace_path(agent.run_dir, stem)
