@@ -125,6 +125,8 @@ class Agent:
         self.host_memory: Optional[HostMemory] = None
         self.flops: Any = None  # the FLOP counter (flops.py), default mode only
         self.pipeline: Any = None  # the fetches' stages (pipeline.py), default mode only
+        # What else reads each step once it is final (see add_row_consumer).
+        self._row_consumers: list[Callable[[Any, int, int], None]] = []
         self._exec_note = ""
         self._stack_file: Any = None
 
@@ -562,9 +564,32 @@ class Agent:
         try:
             writer.append_held(buf, k)
         finally:
+            done = writer.written - before
+            if done > 0 and self._row_consumers:
+                self._feed_consumers(buf, done, base)
             # Only the script's own thread adds rows (at the end), so the
             # rows written, all or (a write failed) some, are the first.
-            tracker.take(writer.written - before)
+            tracker.take(done)
+
+    def add_row_consumer(self, consumer: Callable[[Any, int, int], None]) -> None:
+        """Let `consumer(buf, count, first)` read each step once it is final
+        and saved: rows 0..count-1 of the packed buffer `buf` (steps.WIDTH
+        floats a row, laid out as STEP_COLUMNS), step indexes first.. on.
+        It runs in the flush thread, never in the script's: it must copy
+        what it keeps (the rows are dropped after it returns) and return
+        quickly (anything slow, such as a network call, belongs on a thread
+        of its own). One that raises is recorded as a fault and not called
+        again."""
+        self._row_consumers.append(consumer)
+
+    def _feed_consumers(self, buf: Any, count: int, first: int) -> None:
+        for consumer in list(self._row_consumers):
+            try:
+                consumer(buf, count, first)
+            except Exception as exc:
+                self._row_consumers.remove(consumer)
+                name = getattr(consumer, "__qualname__", type(consumer).__name__)
+                self.record_fault(f"rows.{name}", exc)
 
     def document(self) -> dict[str, Any]:
         writer = self.step_writer
