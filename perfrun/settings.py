@@ -403,6 +403,16 @@ class Settings:
         "--no-flops", default=True,
         help="Do not count the FLOPs of one step (achieved FLOP/s and MFU are then unknown).",
     )
+    #: Record the CUDA allocator's history and write a snapshot PyTorch's
+    #: memory visualiser opens (runtime/allocator.py): at the first
+    #: out-of-memory error, else at the end.
+    memory_snapshot: bool = option(
+        "--memory-snapshot", default=False,
+        help="Record the CUDA allocator's history (its last 3 steps, each allocation "
+        "tagged with its step and phase) and write rank<R>.memory.pickle for PyTorch's "
+        "memory visualiser, at the first out-of-memory error or at the end. Costs a few "
+        "microseconds an allocation.",
+    )
     #: Peak dense TFLOP/s of one GPU for MFU (--peak-tflops), instead of
     #: the table in analysis/peaks.py.
     peak_tflops: float | None = option(

@@ -709,6 +709,30 @@ def memory_creep(inp: AdviceInputs) -> list[Advice]:
                 "look for caches that only grow",
             ]
         out.append(Advice("memory-creep", message, evidence, tuple(actions)))
+    for d in inp.memory.devices:
+        c = d.creep
+        if c is None:
+            continue
+        message = (
+            f"{d.label}: GPU memory allocated at the end of a step grew steadily over "
+            f"steps {c.first_step:,}-{c.last_step:,}, {size(c.first)} -> {size(c.last)}: "
+            f"{size(c.per_1000_steps)} per 1,000 steps (R² {c.r2:.2f})."
+        )
+        if c.full_at is not None and c.limit:
+            message += f" At that rate the device's {size(c.limit)} is full at about step " \
+                f"{c.full_at:,}."
+        evidence = {"rank": d.rank, "device": d.device,
+                    "bytes_per_1000_steps": c.per_1000_steps, "first_step": c.first_step,
+                    "last_step": c.last_step, "first": c.first, "last": c.last, "r2": c.r2,
+                    "full_at_step": c.full_at, "limit": c.limit}
+        actions = (
+            "look for tensors kept across steps: a loss or an output appended to a list or "
+            "summed with its graph (keep `.item()`, or `.detach()` what you keep)",
+            "look for caches on the GPU that only grow (a dict of tensors keyed by input)",
+            "run again with --memory-snapshot: the snapshot's live allocations say in which "
+            "step and phase each was made",
+        )
+        out.append(Advice("memory-creep", message, evidence, actions))
     return out
 
 

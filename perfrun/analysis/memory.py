@@ -209,17 +209,20 @@ class ProcessMemory:
 @dataclass
 class MemorySummary:
     """Host memory of the ranks and their children; `limit` the memory the
-    reference rank may use."""
+    reference rank may use; `devices`: each rank's GPU memory
+    (analysis/allocator.DeviceMemory), on CUDA runs."""
 
     processes: list[ProcessMemory] = field(default_factory=list)
     limit: Optional[int] = None
+    devices: list[Any] = field(default_factory=list)
 
     @property
     def creeping(self) -> list[ProcessMemory]:
         return [p for p in self.processes if p.creep is not None]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"limit": self.limit, "processes": [p.to_dict() for p in self.processes]}
+        return {"limit": self.limit, "processes": [p.to_dict() for p in self.processes],
+                "devices": [d.to_dict() for d in self.devices]}
 
 
 def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[str, Any],

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from perfrun.analysis.advice import Advice, AdviceInputs, advise
+from perfrun.analysis.allocator import devices_memory
 from perfrun.analysis.device import DeviceSummary, device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary, median_step
@@ -697,6 +698,7 @@ def _memory(run: RunResults, ranks: Sequence[RankResult], warmup: int) -> Option
     try:
         workers: dict[int, str] = {}
         inputs = []
+        devices: list[tuple[int, Mapping[str, Any], int]] = []
         for r in ranks:
             loaders = r.data.get("dataloaders")
             stem = rank_stem(r.rank, r.restart)
@@ -711,7 +713,13 @@ def _memory(run: RunResults, ranks: Sequence[RankResult], warmup: int) -> Option
             starts = StepStarts(r.mapped(), COL["start"], COL["end"]) if r.n_steps else None
             steps = (starts, starts.last_end) if starts is not None else ((), float("-inf"))
             inputs.append((r.rank, memory, steps))
-        return memory_summary(inputs, warmup, workers)
+            devices.append((r.rank, memory, max(0, r.n_steps - 1)))
+        summary = memory_summary(inputs, warmup, workers)
+        found = devices_memory(devices, warmup)
+        if found:
+            summary = summary if summary is not None else MemorySummary()
+            summary.devices = found
+        return summary
     except Exception:  # noqa: BLE001 - a damaged record must not cost the report
         return None
 

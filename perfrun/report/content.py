@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from perfrun.analysis.report import Report
 from perfrun.analysis.window import TraceAnalysis
+from perfrun.report.memory_blocks import memory_blocks
 from perfrun.report.primitives import (
     Block,
     LinesBlock,
@@ -17,7 +18,6 @@ from perfrun.report.primitives import (
 )
 from perfrun.report.summary_blocks import (
     device_block,
-    memory_block,
     model_block,
     perf_block,
     pipeline_blocks,
@@ -85,7 +85,7 @@ def blocks(report: Report, view: Optional[dict[str, Any]] = None) -> list[Block]
     if report.device is not None and report.show("device"):
         out.append(device_block(report.device, report.title.world_size))
     if report.memory is not None and report.show("device"):
-        out.append(memory_block(report.memory, int(report.view.get("row_limit") or 20)))
+        out.extend(memory_blocks(report.memory, int(report.view.get("row_limit") or 20)))
     if report.window is not None:
         out.extend(window_blocks(report.window, report.view if view is None else view,
                                  report.show))

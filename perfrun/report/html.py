@@ -115,11 +115,22 @@ def memory_chart(report: Report) -> Optional[dict[str, Any]]:
             "marker": {"size": 3}, "line": {"width": 1.2},
             "hovertemplate": "step %{x}: %{y:.1f} MiB",
         })
+    for d in memory.devices:
+        if len(d.points) < 2:
+            continue
+        for k, what, dash in ((1, "allocated", "solid"), (2, "reserved", "dot")):
+            data.append({
+                "type": "scatter", "mode": "lines+markers", "name": f"{d.label} GPU, {what}",
+                "x": [p[0] for p in d.points], "y": [round(p[k] / MIB, 1) for p in d.points],
+                "marker": {"size": 3}, "line": {"width": 1.2, "dash": dash},
+                "hovertemplate": "step %{x}: %{y:.1f} MiB",
+            })
     if not data:
         return None
     layout = {
         "title": {"text": "Memory over the run (a rank's resident memory, a child's private "
-                          "memory)", "font": {"size": 13}},
+                          "memory; GPU: the allocator's at the end of sampled steps)",
+                  "font": {"size": 13}},
         "xaxis": {"title": {"text": "step"}},
         "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero"},
         "height": 320, "margin": {"t": 50, "r": 20, "b": 45, "l": 60},

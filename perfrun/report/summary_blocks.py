@@ -8,7 +8,6 @@ from typing import Optional
 
 from perfrun.analysis.device import DeviceSummary
 from perfrun.analysis.flops import FlopsSummary
-from perfrun.analysis.memory import MemorySummary
 from perfrun.analysis.pipeline import STAGE_TITLES, LoaderPipeline, PipelineSummary
 from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
 from perfrun.analysis.stats import Rate, Stats
@@ -295,31 +294,6 @@ def device_block(device: DeviceSummary, world_size: int) -> TableBlock:
     columns = [Column("Device", "left"), Column("Util avg (%)"), Column("Util max (%)"),
                Column("Memory", "left")]
     return TableBlock("device", "Device Summary", [], columns, rows, footer=footer)
-
-
-def memory_block(memory: MemorySummary, limit_rows: int = 20) -> TableBlock:
-    """Host memory per process: the rank's and each child's resident set
-    where the steady steps begin, at its peak and at the end, and the
-    steady growth where memory creeps (analysis/memory.py)."""
-    rows = []
-    for p in memory.processes[:limit_rows]:
-        c = p.creep
-        growth = (f"+{fmt_bytes(int(c.per_1000_steps))} (R² {c.r2:.2f})"
-                  if c is not None else "flat")
-        label = p.label + (" (private)" if p.measure == "uss" else "")
-        rows.append([label, str(p.samples), fmt_bytes(p.first), fmt_bytes(p.peak),
-                     fmt_bytes(p.last), growth])
-    info = ["sampled at each save of the results: a rank's resident memory (RSS); a child's "
-            "private memory (USS: a forked worker shares its parent's pages until it writes "
-            "them); start: where the steady steps begin"]
-    if memory.limit:
-        info.append(f"memory a rank may use: {fmt_bytes(memory.limit)}")
-    footer = []
-    if len(memory.processes) > limit_rows:
-        footer.append(f"{len(memory.processes) - limit_rows} more processes in the JSON report")
-    columns = [Column("Process", "left"), Column("Samples"), Column("Start"), Column("Peak"),
-               Column("End"), Column("Growth / 1,000 steps", "left")]
-    return TableBlock("memory", "Memory Summary", info, columns, rows, footer=footer)
 
 
 def pipeline_blocks(pipeline: PipelineSummary) -> list[TableBlock]:

@@ -24,7 +24,14 @@ from typing import Any, Callable, Optional
 
 from ..settings import Settings
 from ..store.files import Reserve
-from ..store.layout import rank_filename, rank_stem, reserve_path, stack_path, steps_path
+from ..store.layout import (
+    memory_snapshot_path,
+    rank_filename,
+    rank_stem,
+    reserve_path,
+    stack_path,
+    steps_path,
+)
 from ..store.rankfile import environment, rank_document, rank_identity, write_rank_file
 from ..store.stepfile import COL, STEP_COLUMNS, StepWriter
 from . import hooks
@@ -123,6 +130,11 @@ class Agent:
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
         self.host_memory: Optional[HostMemory] = None
+        # The CUDA allocator (allocator.py): per-phase peaks on sampled
+        # steps (default mode), out-of-memory errors, --memory-snapshot.
+        self.allocator: Any = None
+        self.oom: Any = None
+        self.snapshots: Any = None
         self.flops: Any = None  # the FLOP counter (flops.py), default mode only
         self.pipeline: Any = None  # the fetches' stages (pipeline.py), default mode only
         # What else reads each step once it is final (see add_row_consumer).
@@ -324,7 +336,8 @@ class Agent:
         Otherwise edges are buffered, as in --timer-only: the default mode on
         a CPU run pays what the timer-only mode pays."""
         nvtx = self.nvtx if self.nvtx is not None and self.nvtx.attached else None
-        edges = [x.edge for x in (nvtx, self.gpu_timer, self.window) if x is not None]
+        edges = [x.edge for x in (nvtx, self.gpu_timer, self.window, self.allocator,
+                                  self.snapshots) if x is not None]
         # Steps replayed in bulk call no step callback (steady.py): only
         # while every callback would do nothing. Set before the drain that
         # going live makes, which replays what was buffered before.
@@ -382,6 +395,7 @@ class Agent:
             }
         except Exception:
             pass
+        self._start_allocator(torch)
         if self.sampler is not None:
             try:
                 count = torch.cuda.device_count()
@@ -389,6 +403,71 @@ class Agent:
                 self.sampler.use_cuda_uuids(uuids)
             except Exception as exc:
                 self.record_fault("device.uuid", exc)
+
+    def _start_allocator(self, torch: Any) -> None:
+        """The allocator's parts, once the script has initialised CUDA: the
+        out-of-memory observer always (it costs nothing until one happens),
+        the sampled per-phase peaks in the default mode, the history with
+        --memory-snapshot."""
+        from .allocator import AllocatorPhases, OutOfMemory, Snapshots
+
+        if self.settings.memory_snapshot:
+            try:
+                path = memory_snapshot_path(self.run_dir, rank_stem(self.rank, self.restart))
+                self.snapshots = Snapshots(torch, path, on_fault=self._allocator_fault)
+                self._begin_listeners.append(self.snapshots.step_begin)
+            except Exception as exc:
+                self.snapshots = None
+                self.record_fault("cuda.snapshot", exc)
+        try:
+            snapshots = self.snapshots
+            self.oom = OutOfMemory(
+                torch, self.position, self._module_name, on_fault=self.record_fault,
+                then=(lambda: snapshots.dump("out of memory")) if snapshots is not None else None,
+            )
+            self.oom.attach()
+        except Exception as exc:
+            self.oom = None
+            self.record_fault("cuda.oom", exc)
+        if not self.settings.timer_only:
+            try:
+                phases = AllocatorPhases(torch, self.cuda_device, on_fault=self._allocator_fault)
+                if self.snapshots is not None:
+                    phases.on_sampled = lambda p: self.snapshots.size_for(p.events_per_step)
+                self.allocator = phases
+                self._begin_listeners.append(phases.step_begin)
+                self._end_listeners.append(phases.step_end)
+            except Exception as exc:
+                self.allocator = None
+                self.record_fault("cuda.memory", exc)
+        self._update_listener()
+
+    def _allocator_fault(self, where: str, exc: BaseException) -> None:
+        """A part of allocator.py faulted and switched itself off: recorded,
+        and no longer called at edges."""
+        self.record_fault(where, exc)
+        if where == "cuda.memory" and self.allocator is not None:
+            part, self.allocator = self.allocator, None
+        elif where == "cuda.snapshot" and self.snapshots is not None:
+            part, self.snapshots = self.snapshots, None
+        else:
+            return
+        self._begin_listeners = [f for f in self._begin_listeners
+                                 if getattr(f, "__self__", None) is not part]
+        self._end_listeners = [f for f in self._end_listeners
+                               if getattr(f, "__self__", None) is not part]
+        self._update_listener()
+
+    def _module_name(self, module: Any) -> Optional[str]:
+        """A module's qualified name in the script's model (its roots), for
+        the out-of-memory record; called only then."""
+        for root in self.roots.alive():
+            if root is module:
+                return type(root).__name__
+            for name, sub in root.named_modules():
+                if sub is module:
+                    return f"{type(root).__name__}.{name}"
+        return None
 
     def cuda_device(self) -> int:
         """The device the script works on (gpu.work_device); only once the
@@ -636,7 +715,7 @@ class Agent:
             dataloaders=list(self.loaders.values()),
             flops=self._flops_record(),
             device=device,
-            memory=self.host_memory.summary() if self.host_memory is not None else None,
+            memory=self._memory_record(),
             faults=[{"where": w, "count": c, "error": e} for w, (c, e) in self.faults.items()],
             notes=list(self.notes),
             position=self._position_or_none(),
@@ -655,6 +734,25 @@ class Agent:
             return None
         return {"steps": len(self.tracker.buf) // WIDTH, "errno": exc.errno,
                 "error": exc.strerror or str(exc)}
+
+    def _memory_record(self) -> Optional[dict[str, Any]]:
+        """Host memory (memory.py) and, on a CUDA run, the allocator's
+        sampled steps, out-of-memory errors and snapshot (allocator.py)."""
+        memory = self.host_memory.summary() if self.host_memory is not None else None
+        cuda: dict[str, Any] = {}
+        try:
+            if self.allocator is not None:
+                cuda.update(self.allocator.summary())
+            if self.oom is not None and self.oom.count:
+                cuda["oom"] = self.oom.summary()
+            if self.snapshots is not None and self.snapshots.written is not None:
+                cuda["snapshot"] = self.snapshots.written
+        except Exception as exc:
+            self.record_fault("cuda.memory", exc)
+        if cuda:
+            memory = dict(memory or {"children": {}})
+            memory["cuda"] = cuda
+        return memory
 
     def position(self) -> dict[str, Any]:
         """Where the rank is now, for `perfrun status` and the hang detector:
@@ -758,6 +856,8 @@ class Agent:
                     f"GPU time unknown for {timer.unknown} steps: a CUDA graph was being "
                     "captured during them (perfrun records no event into a capture)"
                 )
+        if self.snapshots is not None:
+            self.snapshots.dump("end of run")
         last = getattr(sys, "last_value", None)
         if last is not None and self.exit["exception"] is None:
             self.exit["exception"] = type(last).__name__

@@ -122,6 +122,12 @@ def stack_path(run_dir: str, rank: int, restart: int = 0) -> str:
     return os.path.join(run_dir, f"stack.{rank_stem(rank, restart)}.txt")
 
 
+def memory_snapshot_path(run_dir: str, stem: str) -> str:
+    """A rank's CUDA allocator snapshot (--memory-snapshot): PyTorch's own
+    pickle, for its memory visualiser; perfrun only names it."""
+    return os.path.join(run_dir, f"{stem}.memory.pickle")
+
+
 def trace_path(run_dir: str, stem: str) -> str:
     """A rank's window trace (`.gz` is added when it is compressed)."""
     return os.path.join(run_dir, TRACE_DIR, f"{stem}.pt.trace.json")

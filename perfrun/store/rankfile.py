@@ -153,6 +153,28 @@ _PERCENT = Obj({"avg": Opt(NUMBER), "max": Opt(NUMBER)})
 _MEMORY_SERIES = Obj({"name": STR, "measure": STR, "peak": INT,
                       "points": ListOf(ListOf(INT, 2))})
 _COUNTED = Obj({"calls": INT, "time": NUMBER})
+#: One out-of-memory error (runtime/allocator.py): where the rank was, what
+#: was asked and what the allocator held, bytes.
+_OOM = Obj({"step": Opt(INT), "phase": Opt(STR), "module": Opt(STR), "main_thread": BOOL,
+            "device": INT, "requested": INT, "device_total": INT, "device_free": INT,
+            "allocated": INT, "reserved": INT, "largest_free_block": Opt(INT),
+            "unix": NUMBER})
+#: The CUDA allocator over the run (runtime/allocator.py): sampled steps'
+#: rows [step, allocated and reserved at its end, peak allocated per
+#: bucket, peak reserved per bucket (-1: not entered)], bytes;
+#: out-of-memory errors; the snapshot written.
+_CUDA_MEMORY = Obj({
+    "device": Opt(INT),
+    "total": Opt(INT),
+    "every": NUMBER,
+    "sampled": INT,
+    "events_per_step": INT,
+    "buckets": ListOf(STR),
+    "rows": ListOf(ListOf(INT, 15)),
+    "oom": Opt(Obj({"count": INT, "first": Opt(_OOM), "last": Opt(_OOM)})),
+    "snapshot": Opt(Obj({"file": STR, "reason": STR, "bytes": INT, "entries": INT,
+                         "seconds": NUMBER})),
+})
 
 #: The FLOPs of the one step the rank counted (runtime/flops.py): per phase,
 #: the step (left out of the statistics), what it ran in, and why not when
@@ -274,6 +296,7 @@ RANK_FILE = Obj({
         "process": Opt(_MEMORY_SERIES),
         "children": Obj(values=_MEMORY_SERIES),
         "unavailable": Opt(STR),
+        "cuda": Opt(_CUDA_MEMORY),
     })),
     "faults": ListOf(Obj({"where": STR, "count": INT, "error": Opt(STR)})),
     "notes": ListOf(STR),
