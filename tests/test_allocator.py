@@ -527,3 +527,124 @@ def test_advice_names_gpu_creep_and_where_it_grows():
     assert any("--memory-snapshot" in a for a in found[0].actions)
     flat = device_memory(0, _section(_rows(2000)), warmup=10, last_step=1999)
     assert memory_creep(SimpleNamespace(memory=MemorySummary(devices=[flat]))) == []  # type: ignore[arg-type]
+
+
+# -- through the agent ---------------------------------------------------------------------
+
+
+class StandInHistory:
+    """torch.cuda.memory's history functions as --memory-snapshot uses
+    them: recording with a bounded ring, metadata attached to each
+    allocation, a pickle dumped."""
+
+    def __init__(self, alloc: StandInAllocator) -> None:
+        self.alloc = alloc
+        self.max_entries: list[int] = []
+        self.metadata = ""
+        self.entries: list[dict[str, Any]] = []
+        malloc = alloc.malloc
+
+        def tagged(n: int) -> None:
+            malloc(n)
+            if not self.max_entries:
+                return  # not recording
+            self.entries.append({"action": "alloc", "size": n, "user_metadata": self.metadata})
+            del self.entries[:-self.max_entries[-1]]
+
+        alloc.malloc = tagged  # type: ignore[method-assign]
+
+    def _record_memory_history(self, **kw: Any) -> None:
+        self.max_entries.append(kw["max_entries"])
+
+    def _set_memory_metadata(self, text: str) -> None:
+        self.metadata = text
+
+    def _dump_snapshot(self, path: str) -> None:
+        import pickle
+
+        with open(path, "wb") as f:
+            pickle.dump({"segments": [], "device_traces": [list(self.entries)]}, f)
+
+
+def agent_on(tmp_path: Any, alloc: StandInAllocator, **settings: Any) -> Any:
+    from test_cuda_safety import make_agent
+    from test_gpu_timer import fake_torch
+
+    torch = fake_torch()
+    standin = alloc.torch()
+    torch._C = standin._C
+    torch.cuda.memory_snapshot = standin.cuda.memory_snapshot
+    torch.cuda.get_device_properties = lambda d: SimpleNamespace(
+        total_memory=alloc.total, uuid=f"uuid-{d}")
+    history = StandInHistory(alloc)
+    torch.cuda.memory = history
+    return make_agent(tmp_path, torch, **settings), history
+
+
+def train_allocating(agent: Any, alloc: StandInAllocator, steps: int,
+                     oom_at: int | None = None) -> None:
+    """Steps whose forward allocates 64 MiB of activations that backward
+    frees; at step `oom_at` the forward asks for more than the device has."""
+    from perfrun.runtime.steps import BWD, DATA, FWD, OPT
+
+    clock = agent.phase_clock
+    for step in range(steps):
+        for kind in (DATA, FWD, BWD, OPT):
+            clock.enter(kind)
+            if kind == FWD:
+                alloc.malloc(64 * MIB)
+                if step == oom_at:
+                    try:
+                        alloc.malloc(alloc.total)
+                    except OOMError:
+                        pass
+            elif kind == BWD:
+                alloc.free(64 * MIB)
+            clock.exit()
+        if agent.allocator is not None:
+            agent.allocator.every = agent.allocator._next = 0.0  # every step sampled
+
+
+def test_the_agent_saves_gpu_memory_an_out_of_memory_error_and_the_snapshot(tmp_path):
+    from perfrun.store.rankfile import read_rank_file
+
+    alloc = StandInAllocator(total=1024 * MIB)
+    agent, history = agent_on(tmp_path, alloc, memory_snapshot=True)
+    train_allocating(agent, alloc, 12, oom_at=9)
+    agent.tracker.finish(agent.phase_clock.now())
+    agent.snapshots.dump("end of run")
+    agent.write(final=True)
+    data = read_rank_file(agent.path).data
+    assert data["faults"] == []
+    cuda = data["memory"]["cuda"]
+    assert [r[0] for r in cuda["rows"]] == list(range(12))
+    assert {r[3 + 1] for r in cuda["rows"]} == {64 * MIB}
+    assert cuda["total"] == 1024 * MIB
+    first = cuda["oom"]["first"]
+    assert (first["step"], first["phase"]) == (9, "forward")
+    assert first["requested"] == 1024 * MIB and first["allocated"] == 64 * MIB
+    assert cuda["snapshot"]["reason"] == "out of memory"
+    tags = {e["user_metadata"] for e in history.entries}
+    assert "step 9 forward" in tags
+    assert history.max_entries[0] == 100_000
+    # Sized to the last 3 steps once a step's events were counted.
+    assert len(history.max_entries) == 2 and history.max_entries[1] == 10_000
+    assert (tmp_path / cuda["snapshot"]["file"]).exists()
+
+
+def test_timer_only_keeps_the_out_of_memory_observer_and_reads_no_counters(tmp_path):
+    from perfrun.store.rankfile import read_rank_file
+
+    alloc = StandInAllocator(total=1024 * MIB)
+    agent, _ = agent_on(tmp_path, alloc, timer_only=True)
+    reads = []
+    stats = alloc.torch()._C._cuda_memoryStats
+    agent.torch._C._cuda_memoryStats = lambda d: reads.append(d) or stats(d)
+    agent._cuda_from_flush()  # the flush thread, once the script's CUDA exists
+    train_allocating(agent, alloc, 6, oom_at=4)
+    agent.tracker.finish(agent.phase_clock.now())
+    agent.write(final=True)
+    cuda = read_rank_file(agent.path).data["memory"]["cuda"]
+    assert agent.allocator is None and "rows" not in cuda
+    assert (cuda["oom"]["first"]["step"], cuda["oom"]["first"]["phase"]) == (4, "forward")
+    assert len(reads) == 1  # the observer's own reading, at the error

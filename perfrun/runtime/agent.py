@@ -139,6 +139,7 @@ class Agent:
         self.pipeline: Any = None  # the fetches' stages (pipeline.py), default mode only
         # What else reads each step once it is final (see add_row_consumer).
         self._row_consumers: list[Callable[[Any, int, int], None]] = []
+        self._cuda_later = False
         self._exec_note = ""
         self._stack_file: Any = None
 
@@ -201,6 +202,10 @@ class Agent:
             self.record_fault("setup", exc)
 
     def _setup_gpu_and_nvtx(self, torch: Any) -> None:
+        version = getattr(torch, "version", None)
+        # --timer-only keeps no per-step CUDA check: its flush thread looks
+        # for CUDA every flush, for the out-of-memory observer (_flush_loop).
+        self._cuda_later = bool(self.settings.timer_only and getattr(version, "cuda", None))
         if not self.settings.timer_only:
             # Only whether this torch was built with CUDA (or ROCm): asking
             # `torch.cuda.is_available()` here, right after the script's
@@ -336,8 +341,9 @@ class Agent:
         Otherwise edges are buffered, as in --timer-only: the default mode on
         a CPU run pays what the timer-only mode pays."""
         nvtx = self.nvtx if self.nvtx is not None and self.nvtx.attached else None
+        snapshots = self.snapshots if not self.settings.timer_only else None
         edges = [x.edge for x in (nvtx, self.gpu_timer, self.window, self.allocator,
-                                  self.snapshots) if x is not None]
+                                  snapshots) if x is not None]
         # Steps replayed in bulk call no step callback (steady.py): only
         # while every callback would do nothing. Set before the drain that
         # going live makes, which replays what was buffered before.
@@ -408,14 +414,15 @@ class Agent:
         """The allocator's parts, once the script has initialised CUDA: the
         out-of-memory observer always (it costs nothing until one happens),
         the sampled per-phase peaks in the default mode, the history with
-        --memory-snapshot."""
+        --memory-snapshot (its phase tags in the default mode only)."""
         from .allocator import AllocatorPhases, OutOfMemory, Snapshots
 
         if self.settings.memory_snapshot:
             try:
                 path = memory_snapshot_path(self.run_dir, rank_stem(self.rank, self.restart))
-                self.snapshots = Snapshots(torch, path, on_fault=self._allocator_fault)
-                self._begin_listeners.append(self.snapshots.step_begin)
+                self.snapshots = Snapshots(torch, path, on_fault=self.record_fault)
+                if not self.settings.timer_only:
+                    self._begin_listeners.append(self.snapshots.step_begin)
             except Exception as exc:
                 self.snapshots = None
                 self.record_fault("cuda.snapshot", exc)
@@ -440,17 +447,25 @@ class Agent:
             except Exception as exc:
                 self.allocator = None
                 self.record_fault("cuda.memory", exc)
-        self._update_listener()
+            self._update_listener()
+
+    def _cuda_from_flush(self) -> None:
+        """--timer-only: once the script has initialised CUDA, the
+        out-of-memory observer (and --memory-snapshot's history, without
+        phase tags), from the flush thread: the steps pay nothing."""
+        torch = self.torch
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        self._cuda_later = False
+        self._start_allocator(torch)
 
     def _allocator_fault(self, where: str, exc: BaseException) -> None:
-        """A part of allocator.py faulted and switched itself off: recorded,
-        and no longer called at edges."""
+        """The per-phase peaks faulted and switched themselves off (in the
+        script's thread, at an edge): recorded, and no longer called. (The
+        snapshot and the observer check their own `off` at each call.)"""
         self.record_fault(where, exc)
-        if where == "cuda.memory" and self.allocator is not None:
-            part, self.allocator = self.allocator, None
-        elif where == "cuda.snapshot" and self.snapshots is not None:
-            part, self.snapshots = self.snapshots, None
-        else:
+        part, self.allocator = self.allocator, None
+        if part is None:
             return
         self._begin_listeners = [f for f in self._begin_listeners
                                  if getattr(f, "__self__", None) is not part]
@@ -605,6 +620,8 @@ class Agent:
         interval = self.settings.flush_interval
         while not self._stop.wait(interval):
             try:
+                if self._cuda_later:
+                    self._cuda_from_flush()
                 if self.sampler is not None:
                     self.sampler.sample()
                 if self.host_memory is not None:

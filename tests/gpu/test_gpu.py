@@ -650,3 +650,134 @@ def test_mfu_of_a_gpt_in_bf16_against_a_hand_calculation(tmp_path: Path, figures
     if peak is None:
         pytest.skip(f"no MFU to compare on this GPU: {why}")
     assert step["mfu"] == pytest.approx(hand_mfu, rel=0.15)
+
+
+# -- GPU memory: per-phase peaks, creep, out of memory, the snapshot ----------------------
+
+MEMORY_SCRIPT = str(SCRIPTS / "cuda_memory.py")
+MIB = 1 << 20
+
+
+def cuda_memory(rank: RankResult) -> dict[str, Any]:
+    memory = rank.data.get("memory") or {}
+    assert isinstance(memory.get("cuda"), dict), rank.data.get("faults")
+    return memory["cuda"]
+
+
+def test_per_phase_memory_peaks_match_the_scripts_own_readings(
+    tmp_path: Path, figures: Any
+) -> None:
+    """On every step perfrun sampled, each phase's peak allocated bytes are
+    within 1 MiB of what the script read itself with
+    torch.cuda.max_memory_allocated() around the same call (after its own
+    reset_peak_memory_stats); and the script's readings are what it reads
+    without perfrun (its peaks are its own)."""
+    truth_path = tmp_path / "truth.json"
+    plain_path = tmp_path / "plain.json"
+    args = ("--mode", "phases", "--steps", "1500")
+    run = perfrun(tmp_path, MEMORY_SCRIPT, *args, "--out", str(truth_path))
+    assert run.returncode == 0, run.describe()
+    plain = python(tmp_path, MEMORY_SCRIPT, *args, "--out", str(plain_path))
+    assert plain.returncode == 0, plain.describe()
+    truth = {s["step"]: s for s in json.loads(truth_path.read_text())["steps"]}
+    alone = json.loads(plain_path.read_text())["steps"]
+    rank = run.rank0()
+    assert rank.data["faults"] == [], rank.data["faults"]
+    section = cuda_memory(rank)
+    rows = section["rows"]
+    names = section["buckets"]
+    problems, compared = [], 0
+    worst = 0
+    for row in rows:
+        step = truth.get(row[0])
+        if step is None:
+            problems.append(f"sampled step {row[0]} is not a step of the script")
+            continue
+        for b, phase in enumerate(names[:4]):
+            ours, theirs = row[3 + b], step[phase]
+            worst = max(worst, abs(ours - theirs))
+            compared += 1
+            if abs(ours - theirs) > MIB:
+                problems.append(f"step {row[0]} {phase}: perfrun {ours}, script {theirs}")
+    # The script reads the same peaks with and without perfrun (the same
+    # work, the same allocator: equal to the byte on steady steps).
+    steady = slice(50, None)
+    same = [a[p] == b[p] for a, b in zip(alone[steady], list(truth.values())[steady])
+            for p in ("dataloader", "forward", "backward", "optimization")]
+    report = run.report()
+    devices = report["memory"]["devices"]
+    figures(sampled=len(rows), compared=compared, worst_difference_bytes=worst,
+            script_peaks_equal_without_perfrun=sum(same), of=len(same),
+            events_per_step=section.get("events_per_step"),
+            peak_phase=devices[0]["peak_phase"], peak_allocated=devices[0]["peak_allocated"])
+    assert len(rows) >= 3, section
+    assert not problems, "\n".join(problems[:20])
+    assert all(same), "the script's own peaks differ under perfrun"
+
+
+@pytest.mark.parametrize("mode", ["creep", "flat"])
+def test_gpu_memory_creep_is_flagged_and_a_flat_run_is_not(
+    tmp_path: Path, figures: Any, mode: str
+) -> None:
+    """Logits kept every step (4 MiB a step): the Memory Summary's creep and
+    the memory-creep advice, with a slope within 10% of what the script
+    keeps; the same loop keeping them on the CPU: no creep."""
+    run = perfrun(tmp_path, MEMORY_SCRIPT, "--mode", mode, "--steps", "3000")
+    assert run.returncode == 0, run.describe()
+    report = run.report()
+    device = report["memory"]["devices"][0]
+    kinds = [a["kind"] for a in report.get("advice") or []]
+    figures(mode=mode, creep=device["creep"], sampled=len(device["points"]), advice=kinds)
+    if mode == "creep":
+        kept = 1024 * 1000 * 4  # batch x classes float32 logits a step
+        assert device["creep"] is not None, device
+        assert device["creep"]["slope_bytes_per_step"] == pytest.approx(kept, rel=0.10)
+        assert device["creep"]["full_at_step"] is not None
+        assert "memory-creep" in kinds
+    else:
+        assert device["creep"] is None, device
+        assert "memory-creep" not in kinds
+
+
+def test_an_out_of_memory_error_is_reported_with_its_step_phase_module_and_snapshot(
+    tmp_path: Path, figures: Any
+) -> None:
+    """The bloat block's forward asks for twice the device at step 7: the
+    script's traceback and exit status are its own; the report names step
+    7, forward and the module; the snapshot written at the error opens with
+    torch.cuda._memory_viz and tags allocations with their step and phase."""
+    args = ("--mode", "oom", "--oom-step", "7", "--steps", "50")
+    plain = python(tmp_path, MEMORY_SCRIPT, *args)
+    run = perfrun(tmp_path, "--memory-snapshot", MEMORY_SCRIPT, *args)
+    assert plain.returncode != 0 and run.returncode == plain.returncode, run.describe()
+    assert "OutOfMemoryError" in run.err
+    rank = run.rank0()
+    section = cuda_memory(rank)
+    first = section["oom"]["first"]
+    figures(oom=first, snapshot=section.get("snapshot"))
+    assert first["step"] == 7, first
+    assert first["phase"] == "forward", first
+    assert first["module"] == "Net.bloat", first
+    assert first["requested"] >= first["device_total"], first
+    assert 0 < first["allocated"] <= first["reserved"], first
+    snapshot = section["snapshot"]
+    assert snapshot["reason"] == "out of memory"
+    path = run.run_dir / snapshot["file"]
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    with open(path, "rb") as f:
+        data = pickle.load(f)
+    assert _memory_viz.segsum(data)
+    assert _memory_viz.trace_plot(data)
+    entries = [e for trace in data.get("device_traces", []) for e in trace]
+    tagged = [e for e in entries if any(isinstance(v, str) and v.startswith("step ")
+                                        for v in e.values())]
+    figures(snapshot_entries=len(entries), tagged=len(tagged),
+            tags=sorted({v for e in tagged for v in e.values()
+                         if isinstance(v, str) and v.startswith("step ")})[:10])
+    assert entries and tagged, "no allocation carries its step and phase"
+    text = run.out + run.err
+    assert "Net.bloat" in json.dumps(run.report()["memory"]), run.report()["memory"]
+    assert "OutOfMemoryError" in text
