@@ -72,6 +72,39 @@ class RankView:
     median: Optional[float]  # seconds, median of the last steps
     split: dict[str, float] = field(default_factory=dict)  # phase -> share of the last steps
     where: str = ""  # its live position (launcher/hang.py), while it runs
+    rss: Optional[int] = None  # bytes: its resident memory at its last sample
+    gpu: Optional[int] = None  # bytes: GPU memory allocated after its last sampled step
+
+
+def last_memory(rank: RankResult) -> tuple[Optional[int], Optional[int]]:
+    """The rank's resident memory at its last sample and the GPU memory
+    allocated at the end of its last sampled step (runtime/memory.py,
+    runtime/allocator.py), as its last save recorded them."""
+    memory = rank.data.get("memory")
+    if not isinstance(memory, dict):
+        return None, None
+    rss = gpu = None
+    points = (memory.get("process") or {}).get("points") if isinstance(
+        memory.get("process"), dict) else None
+    if isinstance(points, list) and points and isinstance(points[-1], list) \
+            and len(points[-1]) == 2:
+        rss = int(points[-1][1])
+    cuda = memory.get("cuda")
+    rows = cuda.get("rows") if isinstance(cuda, dict) else None
+    if isinstance(rows, list) and rows and isinstance(rows[-1], list) and len(rows[-1]) > 1:
+        gpu = int(rows[-1][1])
+    return rss, gpu
+
+
+def short_bytes(value: Optional[int]) -> str:
+    """At most 5 characters: `812M`, `1.2G`, `12G`."""
+    if value is None:
+        return "-"
+    for unit, factor in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if value >= factor:
+            v = value / factor
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return f"{value}B"
 
 
 @dataclass
@@ -95,8 +128,9 @@ def rank_view(rank: RankResult, alive: Optional[bool], last: int = LAST_STEPS) -
     status = str(rank.status or "?")
     if status == "running" and alive is False:
         status = "died"
+    rss, gpu = last_memory(rank)
     if not n:
-        return RankView(rank.rank, status, 0, None, None, None)
+        return RankView(rank.rank, status, 0, None, None, None, rss=rss, gpu=gpu)
     times = columns.step_times(tail)
     span = float(columns.num(tail[-1:, COL["end"]])[0] - columns.num(tail[:1, COL["start"]])[0])
     rate = len(tail) / span if span > 0 else None
@@ -106,7 +140,8 @@ def rank_view(rank: RankResult, alive: Optional[bool], last: int = LAST_STEPS) -
         for p in PHASES:
             split[p] = float(columns.phase_times(tail, p).sum()) / total
         split["others"] = float(columns.others_times(tail).sum()) / total
-    return RankView(rank.rank, status, n, rate, float(times[-1]), float(np.median(times)), split)
+    return RankView(rank.rank, status, n, rate, float(times[-1]), float(np.median(times)), split,
+                    rss=rss, gpu=gpu)
 
 
 def _tail(rank: RankResult, last: int) -> tuple[Any, int]:
@@ -228,18 +263,27 @@ def render_snapshot(snap: Snapshot, note: str = "") -> Group:
     lines: list[Any] = [head, Text(f"Run: {snap.run_dir}", overflow="fold")]
     if snap.command:
         lines.append(Text(f"Command: {snap.command}", overflow="fold"))
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    # One space between columns: 13 of them in 80 columns with 8-digit step
+    # counts (tests/test_watch.py).
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
     for name in ("Rank", "Status", "Steps", "St/s", "Last", "Med"):
         table.add_column(name, justify="left" if name == "Status" else "right", no_wrap=True)
     for q in (*PHASES, "others"):
         table.add_column(SHORT[q], justify="right", no_wrap=True)
+    gpu = any(v.gpu is not None for v in snap.ranks)
+    table.add_column("RSS", justify="right", no_wrap=True)
+    if gpu:
+        table.add_column("GPU", justify="right", no_wrap=True)
     for v in snap.ranks:
         table.add_row(
             str(v.rank), v.status, str(v.steps), _fmt(v.rate, 1, 1), _fmt(v.last, 1e3),
             _fmt(v.median, 1e3), *(_fmt(v.split.get(q), 100, 0) for q in (*PHASES, "others")),
+            short_bytes(v.rss), *((short_bytes(v.gpu),) if gpu else ()),
         )
     lines.append(Text(f"Each rank's last {snap.last} steps: St/s steps a second, Last and Med "
-                      "(median) step in ms, phases in % of step time", style="dim"))
+                      "(median) step in ms, phases in % of step time; RSS its resident "
+                      "memory" + ("; GPU memory allocated after a step" if gpu else ""),
+                      style="dim"))
     lines.append(table)
     now = [f"{v.rank}: {v.where}" for v in snap.ranks if v.where]
     if now:

@@ -648,3 +648,15 @@ def test_timer_only_keeps_the_out_of_memory_observer_and_reads_no_counters(tmp_p
     assert agent.allocator is None and "rows" not in cuda
     assert (cuda["oom"]["first"]["step"], cuda["oom"]["first"]["phase"]) == (4, "forward")
     assert len(reads) == 1  # the observer's own reading, at the error
+
+
+def test_a_rank_ended_by_an_out_of_memory_error_says_where_it_happened():
+    from test_analysis import _rank_rows, make_rank
+
+    from perfrun.analysis.ranks import rank_problem
+
+    rank = make_rank(_rank_rows(8, n=7), status="finished", exception="OutOfMemoryError")
+    rank.data["memory"] = {"children": {}, "cuda": {"oom": {"count": 1, "first": {
+        "step": 7, "phase": "forward", "module": "Net.bloat"}}}}
+    assert rank_problem(rank) == "raised OutOfMemoryError in step 7 (forward, Net.bloat) " \
+        "after 7 steps"

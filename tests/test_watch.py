@@ -33,6 +33,36 @@ def test_rank_view_takes_the_last_steps() -> None:
     assert sum(view.split.values()) == pytest.approx(1.0)
 
 
+def test_rank_view_has_the_last_memory_readings() -> None:
+    rank = make_rank(make_rows([{"forward": MS}] * 3), status="running")
+    rank.data["memory"] = {
+        "children": {},
+        "process": {"name": "rank", "measure": "rss", "peak": 900 << 20,
+                    "points": [[10, 800 << 20], [2000, 850 << 20]]},
+        "cuda": {"rows": [[0, 5 << 30] + [0] * 13, [40, 12 << 30] + [0] * 13]},
+    }
+    view = watch.rank_view(rank, alive=True)
+    assert (view.rss, view.gpu) == (850 << 20, 12 << 30)
+    assert [watch.short_bytes(v) for v in (view.rss, view.gpu, 3 << 30, None)] == \
+        ["850M", "12G", "3.0G", "-"]
+
+
+def test_the_live_view_with_gpu_memory_stays_within_80_columns() -> None:
+    from rich.console import Console
+
+    views = [watch.RankView(r, "finished", 12_345_678, 1234.5, 0.123456, 0.123456,
+                            {p: 0.2 for p in ("dataloader", "forward", "backward",
+                                              "optimization", "others")},
+                            rss=999 << 20, gpu=79 << 30) for r in range(8)]
+    snap = watch.Snapshot("/runs/x", "perfrun train.py", views, [], None, [], False, None)
+    console = Console(width=80, record=True, file=__import__("io").StringIO())
+    console.print(watch.render_snapshot(snap))
+    text = console.export_text()
+    assert "GPU" in text and "79G" in text and "999M" in text
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
 def test_a_running_rank_whose_process_is_gone_died() -> None:
     view = watch.rank_view(make_rank([], status="running"), alive=False)
     assert view.status == "died" and view.steps == 0 and view.rate is None
@@ -114,6 +144,7 @@ def test_watch_follows_a_two_rank_run_live_and_leaves_the_final_tables(tmp_path:
         r0 = _rank_line(later, 0)
         assert float(r0[3]) > 0  # steps a second
         assert sum(int(c) for c in r0[6:11]) in range(98, 103)  # phase split in %
+        assert r0[11].endswith("M"), r0  # its resident memory, a few hundred MiB
         stop.touch()
         _out, err = run.communicate(timeout=120)
         assert run.returncode == 0, err

@@ -183,6 +183,21 @@ def _memory_then(rank: RankResult) -> str:
     return f" (its resident memory was {size(value)} at its last sample{of})"
 
 
+def _oom_where(rank: RankResult) -> str:
+    """Where the rank's first CUDA out-of-memory error happened (its step,
+    phase and module, runtime/allocator.py), for the exception it raised."""
+    memory = rank.data.get("memory")
+    cuda = memory.get("cuda") if isinstance(memory, Mapping) else None
+    oom = cuda.get("oom") if isinstance(cuda, Mapping) else None
+    first = oom.get("first") if isinstance(oom, Mapping) else None
+    if not isinstance(first, Mapping):
+        return ""
+    parts = [str(first[k]) for k in ("phase", "module") if first.get(k)]
+    step = first.get("step")
+    where = f" in step {step}" if isinstance(step, int) else ""
+    return where + (f" ({', '.join(parts)})" if parts else "")
+
+
 def unsaved_problem(rank: RankResult) -> Optional[str]:
     """Where the rank's results stop when its last save could not write
     every step it held (a full disk), or None. Its own words: what is
@@ -297,7 +312,7 @@ def ended_problem(
             text = " ".join(str(exception).split())
             if len(text) > 80:
                 text = text[:77] + "..."
-            return f"{root}raised {text} after {steps_phrase(n)}{later}{then}"
+            return f"{root}raised {text}{_oom_where(rank)} after {steps_phrase(n)}{later}{then}"
         os_exit = exit_info.get("os_exit")
         if isinstance(os_exit, int) and os_exit != 0:
             when = f"after {steps_phrase(n)}" if n else "before its first step"
