@@ -126,6 +126,28 @@ def test_the_page_carries_plotly_packed_and_stays_under_2_mb(tmp_path: Path) -> 
     assert set(packed.group(1)) <= set(page.B85_PAGE) and "<" not in page.B85_PAGE
 
 
+def test_the_packed_bundle_is_kept_in_the_cache_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packing plotly costs about 0.3 s a run: it is kept in the cache
+    folder, read back on the next run, and packed again when the cached
+    copy fails its checksum (a file cut short, edited)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    page._packed.cache_clear()
+    first = page.plotly_bundle()
+    cached = list((tmp_path / "perfrun").glob("plotly-*.b85"))
+    assert len(cached) == 1
+    digest, _, text = cached[0].read_text().partition("\n")
+    assert text == first and len(digest) == 64
+    page._packed.cache_clear()
+    assert page.plotly_bundle() == first
+    cached[0].write_text(digest + "\n" + text[: len(text) // 2])  # cut short
+    page._packed.cache_clear()
+    assert page.plotly_bundle() == first
+    assert cached[0].read_text().partition("\n")[2] == first  # mended
+    page._packed.cache_clear()
+
+
 def _installed_plotly() -> bytes:
     import importlib.util
 

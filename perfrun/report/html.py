@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
+import hashlib
 import html
 import importlib.util
 import json
@@ -555,10 +556,40 @@ _B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-
 B85_PAGE = _B85.replace("<", ".")
 
 
+def cache_dir() -> str:
+    """Where perfrun keeps what it can make again: $XDG_CACHE_HOME/perfrun,
+    else ~/.cache/perfrun."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "perfrun")
+
+
 @functools.lru_cache(maxsize=4)
-def _packed(path: str, mtime: float) -> str:
+def _packed(path: str, mtime: float, size: int) -> str:
+    """The bundle packed (see plotly_bundle), from the cache when this very
+    file (its path, modification time and size) was packed before: packing
+    costs about 0.3 s, reading it back (and checking its SHA-256, the
+    file's first line) a few milliseconds. A cache that cannot be read or
+    written, or fails its check, costs the packing only."""
+    key = hashlib.sha256(f"{path}\0{mtime}\0{size}".encode()).hexdigest()[:16]
+    cached = os.path.join(cache_dir(), f"plotly-{key}.b85")
+    try:
+        with open(cached, encoding="ascii") as f:
+            digest, _, text = f.read().partition("\n")
+        if text and hashlib.sha256(text.encode("ascii")).hexdigest() == digest:
+            return text
+    except (OSError, UnicodeDecodeError):
+        pass
     data = gzip.compress(_read(path), compresslevel=9, mtime=0)
-    return base64.b85encode(data).decode("ascii").translate(str.maketrans("<", "."))
+    text = base64.b85encode(data).decode("ascii").translate(str.maketrans("<", "."))
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        tmp = f"{cached}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(hashlib.sha256(text.encode("ascii")).hexdigest() + "\n" + text)
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return text
 
 
 def _read(path: str) -> bytes:
@@ -575,12 +606,13 @@ def plotly_bundle() -> str:
     Why: the bundle is 4.8 MB, and every run folder holds a page. Gzipped it
     is 1.5 MB, and base 85 (a quarter more, where base 64 adds a third)
     keeps the page under 2 MB, still one file that opens offline. Made once
-    per process (about 0.3 s)."""
+    per installed bundle (about 0.3 s) and kept in the cache (cache_dir)."""
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
         raise RuntimeError("the plotly package is not installed (pip install plotly)")
     path = os.path.join(os.path.dirname(spec.origin), "package_data", "plotly.min.js")
-    return _packed(path, os.stat(path).st_mtime)
+    st = os.stat(path)
+    return _packed(path, st.st_mtime, st.st_size)
 
 
 CSS = """
