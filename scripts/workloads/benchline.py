@@ -7,7 +7,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Any, Optional
+
+#: The process's CPU time (all its threads: a profiler's own threads too) at
+#: each mark(), beside the wall-clock marks the workload keeps.
+CPU: list[float] = []
+
+
+def mark() -> float:
+    """A step's end: the wall clock (returned, for the workload's marks) and
+    the process's CPU time (kept here). CPU time per step is what the
+    process itself spent, whoever else runs on the machine: steadier than
+    wall time on a shared machine, and it counts a profiler's background
+    threads, which wall time in the script's own thread may not."""
+    CPU.append(time.process_time())
+    return time.perf_counter()
 
 
 def parse(argv: list[str], doc: str, steps: int, warmup: int) -> tuple[int, int]:
@@ -25,6 +40,9 @@ def report(name: str, marks: list[float], warmup: int, torch_version: str,
     so anything between steps (the loop itself, a fetch) is counted.
     `extra`: a workload's own figures, added to the line."""
     durations = [b - a for a, b in zip(marks[warmup - 1 : -1], marks[warmup:])]
+    cpu = {}
+    if len(CPU) == len(marks) and durations:
+        cpu = {"cpu_per_step_s": (CPU[-1] - CPU[warmup - 1]) / len(durations)}
     result = {
         "workload": name,
         "median_step_s": statistics.median(durations),
@@ -34,6 +52,7 @@ def report(name: str, marks: list[float], warmup: int, torch_version: str,
         "torch": torch_version,
         # Every timed step, so a reader can leave some out (a profiler window).
         "step_s": [round(d, 9) for d in durations],
+        **cpu,
         **(extra or {}),
     }
     print("BENCH " + json.dumps(result), flush=True)

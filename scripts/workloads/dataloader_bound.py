@@ -12,10 +12,9 @@ time.perf_counter and ends with one line:
 from __future__ import annotations
 
 import sys
-from time import perf_counter
 
 import torch
-from benchline import parse, report
+from benchline import mark, parse, report
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -60,7 +59,7 @@ def main(argv: list[str]) -> None:
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
-        marks.append(perf_counter())
+        marks.append(mark())
     report("dataloader_bound", marks, warmup, torch.__version__)
 
 

@@ -14,11 +14,10 @@ with one line:
 from __future__ import annotations
 
 import sys
-from time import perf_counter
 from typing import Any
 
 import torch
-from benchline import parse, report
+from benchline import mark, parse, report
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -49,7 +48,7 @@ def main(argv: list[str]) -> None:
         loss = loss_fn(model(xb), yb)
         loss.backward()
         optimizer.step()
-        marks.append(perf_counter())
+        marks.append(mark())
     report("loader_mlp", marks, warmup, torch.__version__)
 
 

@@ -12,10 +12,9 @@ steady-state steps with time.perf_counter and ends with one line:
 from __future__ import annotations
 
 import sys
-from time import perf_counter
 
 import torch
-from benchline import parse, report
+from benchline import mark, parse, report
 from torch import nn
 
 VOCAB, D_MODEL, HEADS, FFN, LAYERS, SEQ, BATCH = 1000, 128, 4, 256, 2, 64, 8
@@ -60,7 +59,7 @@ def main(argv: list[str]) -> None:
         loss = loss_fn(logits.reshape(-1, VOCAB), targets.reshape(-1))
         loss.backward()
         optimizer.step()
-        marks.append(perf_counter())
+        marks.append(mark())
     report("small_transformer", marks, warmup, torch.__version__)
 
 

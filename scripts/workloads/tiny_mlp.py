@@ -11,10 +11,9 @@ steady-state steps with time.perf_counter and ends with one line:
 from __future__ import annotations
 
 import sys
-from time import perf_counter
 
 import torch
-from benchline import parse, report
+from benchline import mark, parse, report
 from torch import nn
 
 
@@ -36,7 +35,7 @@ def main(argv: list[str]) -> None:
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
-        marks.append(perf_counter())
+        marks.append(mark())
     report("tiny_mlp", marks, warmup, torch.__version__)
 
 
