@@ -254,6 +254,21 @@ def test_script_killed_by_sigkill(tmp_path: Path) -> None:
     assert float(said.group(1)) <= meta["elapsed"]
 
 
+def test_a_script_killed_before_its_first_save_still_imported_torch(tmp_path: Path) -> None:
+    """Killed outright 0.6 s into its first step, before any periodic save
+    (every 2 s): the rank saved when torch was imported, so the report says
+    it was killed before its first step, not that torch was never imported."""
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), str(TRAIN), "--steps", "8", "--kill-at", "0",
+                     cwd=tmp_path)
+    assert result.returncode == -signal.SIGKILL
+    data = rank_data(run_dir_of(log))
+    assert data["torch_imported"] is True and data["status"] == "running"
+    text = " ".join(result.stdout.split())
+    assert "never imported torch" not in text, result.stdout
+    assert "rank 0: killed by SIGKILL before its first step" in text, result.stdout
+
+
 def _signal_perfrun(tmp_path: Path, signum: int) -> tuple[subprocess.CompletedProcess, Path]:
     """Start a long training run under perfrun, send `signum` to perfrun
     (not to the script) once the script is training, and wait for the end."""

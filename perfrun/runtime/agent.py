@@ -200,6 +200,13 @@ class Agent:
             self._thread.start()
         except Exception as exc:
             self.record_fault("setup", exc)
+        # Saved now, not at the first flush: a rank killed outright in its
+        # first seconds (SIGKILL, the out-of-memory killer) imported torch,
+        # and its report must not say it never did.
+        try:
+            self.write()
+        except Exception:
+            pass
 
     def _setup_gpu_and_nvtx(self, torch: Any) -> None:
         version = getattr(torch, "version", None)
