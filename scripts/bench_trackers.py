@@ -83,7 +83,8 @@ def run(options: list[str], script: str, steps: int, tracker: str, work: str) ->
     out = subprocess.run(
         [sys.executable, "-m", "perfrun", "-q", "--log-dir", os.path.join(work, "log"),
          "--keep", "2", *options, script, str(steps), tracker,
-         tempfile.mkdtemp(dir=work)],
+         # A folder of its own, not made yet: MLflow makes its file store.
+         os.path.join(tempfile.mkdtemp(dir=work), "store")],
         env=env, capture_output=True, text=True, check=True, timeout=600)
     line = next(x for x in out.stdout.splitlines() if x.startswith("BENCH "))
     return float(json.loads(line[6:])["median_us"])
@@ -110,7 +111,7 @@ def main() -> None:
                 diffs.append(on - off)
                 ratios.append(on / off)
                 print(f"  {name} pair {i + 1}: on {on:.1f} us, off {off:.1f} us", flush=True)
-            print(f"{args.tracker} {name}: median step +{statistics.median(diffs):.1f} us "
+            print(f"{args.tracker} {name}: median step {statistics.median(diffs):+.1f} us "
                   f"(range {min(diffs):+.1f} .. {max(diffs):+.1f}), ratio "
                   f"{statistics.median(ratios):.4f} ({min(ratios):.4f} .. {max(ratios):.4f})",
                   flush=True)

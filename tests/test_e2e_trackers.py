@@ -8,11 +8,13 @@ adds its series under `perfrun/` and leaves the script's own alone."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunPerfrun, e2e_environment
+from conftest import E2E_TIMEOUT, RunPerfrun, e2e_environment, script_stderr
 
 from tests.wandbfile import read_run as read_wandb_run
 
@@ -176,3 +178,21 @@ def test_wandb_offline_run_shows_perfruns_series_at_the_scripts_steps(
     assert summary["perfrun/summary/steps"] > steps - 10
     assert summary["perfrun/summary/step_time_ms"] > 0
     assert summary["perfrun/results"] == str(run.run_dir)
+
+
+def test_a_trackers_own_error_reaches_the_script_as_python_gives_it(
+        run_perfrun: RunPerfrun, tmp_path: Path) -> None:
+    """wandb.init raising (a mode W&B does not know) passes through
+    perfrun's hook on it: the script gets the same exception and prints
+    the same traceback, with no frame of perfrun's."""
+    pytest.importorskip("wandb")
+    env = e2e_environment()
+    env.update(WANDB_MODE="nonsense", WANDB_SILENT="true")
+    script = [str(SCRIPTS / "track_wandb.py"), "--dir", str(tmp_path)]
+    plain = subprocess.run([sys.executable, *script], cwd=tmp_path, env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=E2E_TIMEOUT)
+    run = run_perfrun(*script, env=env)
+    assert plain.returncode == run.returncode == 1, run.describe()
+    assert "Traceback" in plain.stderr
+    assert script_stderr(run.err) == plain.stderr.splitlines()

@@ -59,6 +59,7 @@ from ..settings import default_warmup
 from ..store import trackerfile
 from ..store.layout import rank_stem, steps_path
 from ..store.stepfile import StepFileError, read_table
+from . import hooks
 from .importwatch import ImportWatcher
 from .trackerpoints import PREFIX, Blocks, Point, figures, rows_of, run_figures
 
@@ -146,7 +147,11 @@ class Trackers:
 
     def install(self) -> None:
         """Hook each tracker now if the script imported it already, else as
-        its module is imported."""
+        its module is imported. An exception of the tracker's own passes
+        through a wrapper here: the traceback the script prints leaves its
+        frame out, as it does the hooks' (hooks.without_wrapper_frames)."""
+        if __file__ not in hooks._OWN_FILES:
+            hooks._OWN_FILES = (*hooks._OWN_FILES, __file__)
         for name, hook in ((WANDB, self._hook_wandb), (MLFLOW, self._hook_mlflow),
                            (TORCH_TB, self._hook_writer), (TENSORBOARDX, self._hook_writer)):
             module = sys.modules.get(name)
@@ -306,6 +311,8 @@ class Trackers:
         complete and the open block (and for W&B the rank's summary), then
         wait (at most the timeout) for the tracker to take them before the
         script's close goes on."""
+        if os.getpid() != self.agent._pid:
+            return  # a forked child (a DataLoader worker) is no rank
         self.agent.flush_for_tracker()
         with self.lock:
             last = self.blocks.close()
