@@ -175,6 +175,26 @@ def write_report_html(report: Optional[Report], comparison: Optional[Comparison]
         return None
 
 
+def send_to_trackers(settings: Settings, report: Optional[Report], page: Optional[str]) -> None:
+    """Give the tracker runs the script opened the report's summary, and
+    report.html where the tracker keeps files (launcher/trackers.py). Like
+    the page, it never costs the run its result: a tracker that fails or
+    does not answer is one note on stderr."""
+    if report is None or report.problem is not None or not settings.tracker:
+        return
+    try:
+        from .launcher.trackers import deliver
+        from .report.tracker import summary_figures, summary_markdown, summary_words
+
+        problems = deliver(report.title.run_dir, summary_figures(report), summary_words(report),
+                           summary_markdown(report, page), page, settings.tracker_timeout)
+    except Exception as exc:  # noqa: BLE001 - a note, never the run's failure
+        problems = [f"the report's summary did not reach the tracker ({type(exc).__name__}: "
+                    f"{exc})".splitlines()[0][:240]]
+    for problem in problems:
+        say(f"note: {problem}")
+
+
 def report(
     path: str,
     fmt: str = "table",
@@ -273,7 +293,7 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
     try:
         shown = show_report(outcome.run_dir, settings.format, settings.output, settings.warmup,
                             view_of(settings), page=True, meta=_unsaved_meta(outcome))
-        write_report_html(shown)
+        send_to_trackers(settings, shown, write_report_html(shown))
     except ResultsError as exc:
         say(f"error: {exc}")
         failed = failed or ExitCode.BAD_RESULTS
@@ -459,9 +479,11 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
     )
     # The page of a gated run holds the comparison too, when there was one.
     if comparison is not None:
-        write_report_html(comparison.current_report, comparison)
+        shown = comparison.current_report
+        page = write_report_html(shown, comparison)
     else:
-        write_report_html(shown)
+        page = write_report_html(shown)
+    send_to_trackers(settings, shown, page)
     return code if code != ExitCode.OK or failed is None else failed
 
 

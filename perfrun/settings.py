@@ -56,6 +56,22 @@ def formats(command: str) -> tuple[str, ...]:
     return tuple(name for name, commands in FORMATS.items() if command in commands)
 
 
+def default_warmup(n_steps: int) -> int:
+    """Steps to leave out of the statistics when the user did not say
+    (--warmup's default: the report's, and a rank's own summary for its
+    tracker run, runtime/trackers.py).
+
+    The first steps pay for lazy initialisation (CUDA context, cuDNN
+    autotuning, allocator growth, DataLoader workers filling their queues).
+    A tenth of the run, at least one and at most five, removes that without
+    throwing away much of a short run; runs of fewer than three steps keep
+    every step, since dropping one would leave almost nothing.
+    """
+    if n_steps < 3:
+        return 0
+    return min(5, max(1, n_steps // 10))
+
+
 class SettingsError(ValueError):
     """A setting is invalid; the message is one line meant for the user."""
 
@@ -421,6 +437,32 @@ class Settings:
         "and dtype).",
     )
 
+    # -- the script's experiment tracker (runtime/trackers.py) --
+    #: Log perfrun's figures into the W&B run, MLflow run or TensorBoard
+    #: writer the script opened itself; --no-tracker: never.
+    tracker: bool = option(
+        "--no-tracker", default=True, yaml=_as_bool,
+        help="Do not log perfrun's figures into the script's own W&B, MLflow or "
+        "TensorBoard run.",
+    )
+    #: Steps a point of the tracker's series covers; None: chosen from the
+    #: step time, one point about every 10 s (runtime/trackerpoints.py).
+    tracker_every: int | None = option(
+        "--tracker-every", type=int, metavar="N", yaml=_as_int,
+        help="Log perfrun's figures to the script's tracker every N steps, each point "
+        "over those N (default: N for a point about every 10 s of training).",
+    )
+    #: Every rank logs to its own tracker run, not rank 0 alone.
+    tracker_all_ranks: bool = option(
+        "--tracker-all-ranks", default=False, yaml=_as_bool,
+        help="Every rank logs to the tracker run its script opened (default: rank 0 only).",
+    )
+    #: The most seconds a tracker may take to take perfrun's last figures
+    #: as its run closes, and, after the run, its summary; past it, a note.
+    tracker_timeout: float = option(
+        "--tracker-timeout", default=10.0, type=float, metavar="S", hidden=True,
+    )
+
     # -- the output --
     #: No start notice on stderr (-q).
     quiet: bool = option(
@@ -593,6 +635,12 @@ class Settings:
         if self.peak_tflops is not None and not self.peak_tflops > 0:  # NaN too
             raise SettingsError(
                 f"--peak-tflops must be a number of TFLOP/s above 0, not {self.peak_tflops}"
+            )
+        if self.tracker_every is not None and self.tracker_every < 1:
+            raise SettingsError(f"--tracker-every must be at least 1, not {self.tracker_every}")
+        if not self.tracker_timeout > 0:  # NaN too
+            raise SettingsError(
+                f"--tracker-timeout must be a number of seconds above 0, not {self.tracker_timeout}"
             )
         if self.hang_action not in HANG_ACTIONS:
             raise SettingsError(

@@ -18,6 +18,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+# The default of --warmup lives with the option; the analysis takes it from here.
+from perfrun.settings import default_warmup  # noqa: F401
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -156,20 +159,6 @@ class Rate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"avg": self.avg, "max": self.max, "min": self.min}
-
-
-def default_warmup(n_steps: int) -> int:
-    """Steps to leave out of the statistics when the user did not say.
-
-    The first steps pay for lazy initialisation (CUDA context, cuDNN
-    autotuning, allocator growth, DataLoader workers filling their queues).
-    A tenth of the run, at least one and at most five, removes that without
-    throwing away much of a short run; runs of fewer than three steps keep
-    every step, since dropping one would leave almost nothing.
-    """
-    if n_steps < 3:
-        return 0
-    return min(5, max(1, n_steps // 10))
 
 
 def _is_array(values: Any) -> bool:

@@ -137,6 +137,7 @@ class Agent:
         self.snapshots: Any = None
         self.flops: Any = None  # the FLOP counter (flops.py), default mode only
         self.pipeline: Any = None  # the fetches' stages (pipeline.py), default mode only
+        self.trackers: Any = None  # the script's experiment trackers (trackers.py)
         # What else reads each step once it is final (see add_row_consumer).
         self._row_consumers: list[Callable[[Any, int, int], None]] = []
         self._cuda_later = False
@@ -194,6 +195,7 @@ class Agent:
             self._setup_pipeline(torch)
             self.sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
             self.host_memory = HostMemory()
+            self._setup_trackers()
             self._thread = threading.Thread(
                 target=self._flush_loop, name="perfrun-flush", daemon=True
             )
@@ -311,6 +313,39 @@ class Agent:
         except Exception as exc:
             self.record_fault("flops", exc)
             return None
+
+    def _setup_trackers(self) -> None:
+        """Log perfrun's figures into the script's own tracker run
+        (trackers.py): rank 0's, or every rank's with --tracker-all-ranks."""
+        settings = self.settings
+        if not settings.tracker or (self.rank != 0 and not settings.tracker_all_ranks):
+            return
+        try:
+            from .trackers import Trackers
+
+            trackers = Trackers(self)
+            trackers.install()
+            self.trackers = trackers
+            self.add_row_consumer(trackers.rows)
+        except Exception as exc:
+            self.trackers = None
+            self.record_fault("tracker", exc)
+
+    def flush_for_tracker(self) -> None:
+        """Save the steps up to now, for a tracker run the script is
+        closing (trackers.py): its last point must come before the close.
+        Edges are replayed only on the main thread, where scripts train
+        (elsewhere the flush thread's save has them, a flush later)."""
+        if self._finished or os.getpid() != self._pid:
+            return
+        try:
+            if threading.current_thread() is threading.main_thread():
+                self.clock.drain()
+            self.write()
+        except OSError:
+            pass  # a full disk: the final save says
+        except Exception as exc:
+            self.record_fault("tracker.flush", exc)
 
     def _setup_pipeline(self, torch: Any) -> None:
         """Time each DataLoader fetch stage by stage, in the default mode
@@ -892,6 +927,23 @@ class Agent:
         if self.host_memory is not None:
             self.host_memory.sample(perf_counter() - self.t0)
         self.write(final=True)
+        if self.trackers is not None:
+            self._finish_trackers()
+
+    def _finish_trackers(self) -> None:
+        """The last figures to the tracker runs still open, after the final
+        save (a tracker never holds up the results); the rank file again
+        when that had something to say."""
+        notes = len(self.notes)
+        try:
+            self.trackers.finish()
+        except Exception as exc:
+            self.record_fault("tracker", exc)
+        if len(self.notes) != notes or "tracker" in self.faults:
+            try:
+                write_rank_file(self.path, self.document(), durable=True)
+            except OSError:
+                pass
 
     def _atexit(self) -> None:
         try:

@@ -26,43 +26,8 @@ from typing import Any, Callable, Optional
 
 from ..store.layout import rank_filename
 from ..store.rankfile import env_int, environment, rank_document, rank_identity, write_rank_file
+from .importwatch import ImportWatcher
 from .lifeline import AGENT_PID_VAR, die_with, ended_status, say_unsaved
-
-
-class TorchWatcher:
-    """A meta path finder that runs a callback right after `import torch`
-    (or the module named `name`) finishes executing (a post-import hook)."""
-
-    def __init__(self, callback: Callable[[Any], None], name: str = "torch") -> None:
-        self.callback = callback
-        self.name = name
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name:
-            return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        loader = spec.loader
-        original = loader.exec_module
-        callback = self.callback
-
-        def exec_module(module: Any) -> None:
-            original(module)
-            callback(module)
-
-        loader.exec_module = exec_module
-        return spec
 
 
 class Boot:
@@ -84,7 +49,7 @@ class Boot:
         atexit.register(self._atexit)
         os.register_at_fork(after_in_child=self._forked)
         watch_os_exit(self._before_os_exit)
-        sys.meta_path.insert(0, TorchWatcher(self._on_torch))
+        sys.meta_path.insert(0, ImportWatcher(self._on_torch, "torch"))
 
     def _tie_to_owner(self) -> None:
         """A rank ends with the process that runs it: perfrun for a plain

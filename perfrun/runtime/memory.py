@@ -47,7 +47,7 @@ class Series:
     """(milliseconds, bytes) points of one process, thinned evenly when
     full."""
 
-    __slots__ = ("points", "stride", "seen", "peak", "name", "measure")
+    __slots__ = ("points", "stride", "seen", "peak", "last", "name", "measure")
 
     def __init__(self, name: str, measure: str = "rss") -> None:
         self.name = name
@@ -56,10 +56,13 @@ class Series:
         self.stride = 1
         self.seen = 0
         self.peak = 0
+        #: The latest reading, kept or not (the tracker's memory figure).
+        self.last = 0
 
     def add(self, at_ms: int, value: int) -> None:
         if value > self.peak:
             self.peak = value
+        self.last = value
         self.seen += 1
         if (self.seen - 1) % self.stride:
             return

@@ -25,6 +25,8 @@ folder holds:
                                    (pipelinefile.py)
     children/rank<R>.pid<P>.json   a process the rank's script started
                                    itself, and what it trained (childfile.py)
+    trackers/rank<R>.json          the experiment tracker runs the rank logged
+                                   its figures into (trackerfile.py)
     nodes/node<K>.json             each node's launcher record (multi-node)
     torchrun-status.json           how torchrun's failed workers ended
     hang.txt                       the hang report (--hang-timeout)
@@ -58,6 +60,9 @@ NSYS_DIR = "nsys"
 PIPELINE_DIR = "pipeline"
 #: Processes a rank's script started itself (childfile.py).
 CHILDREN_DIR = "children"
+#: The tracker runs (W&B, MLflow, TensorBoard) each rank logged into
+#: (trackerfile.py).
+TRACKERS_DIR = "trackers"
 #: The hang report (launcher/hang.py).
 HANG_FILE = "hang.txt"
 #: The page written into every run folder at the end of a run.
@@ -83,7 +88,7 @@ RANK_FILE = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.json$")
 #: `rank3.restart1.` (its rank file, step file, trace, nsys report).
 RANK_STEM = re.compile(r"^rank(\d+)(?:\.restart(\d+))?\.")
 #: Sub-folders whose files belong to ranks by the same stem.
-RANK_SUBFOLDERS = (TRACE_DIR, NSYS_DIR, PIPELINE_DIR, CHILDREN_DIR)
+RANK_SUBFOLDERS = (TRACE_DIR, NSYS_DIR, PIPELINE_DIR, CHILDREN_DIR, TRACKERS_DIR)
 #: The names perfrun gives run folders: `YYYYMMDD-HHMMSS-PID`, and a
 #: multi-node job's `job-NAME[.K]`. Only these are --keep's to remove.
 MANAGED = re.compile(r"^(\d{8}-\d{6}-\d+|job-.+)$")
@@ -214,3 +219,8 @@ def is_node_torchrun_status(name: str) -> bool:
 def child_path(run_dir: str, stem: str, pid: int) -> str:
     """What a process a rank's script started (`pid`) reports of itself."""
     return os.path.join(run_dir, CHILDREN_DIR, f"{stem}.pid{pid}.json")
+
+
+def tracker_path(run_dir: str, stem: str) -> str:
+    """The tracker runs a rank (`stem`) logged its figures into."""
+    return os.path.join(run_dir, TRACKERS_DIR, f"{stem}.json")
