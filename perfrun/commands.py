@@ -715,11 +715,11 @@ def status(path: str) -> int:
         print("no rank has written results yet")
         return ExitCode.OK
     for line in status_lines(positions, now):
-        print(line)
+        print(for_stream(line, sys.stdout, "      "))
     odd = odd_one_out([p for p in positions if p.status == "running"], now)
     if odd:
-        print(odd)
+        print(for_stream(odd, sys.stdout))
     lag = lag_note(positions, status=True)
     if lag is not None:
-        print(lag)
+        print(for_stream(lag, sys.stdout, " "))
     return ExitCode.OK

@@ -231,3 +231,24 @@ def test_hang_options_reach_the_settings() -> None:
     settings = cli.settings_from_options({"hang_timeout": 30.0, "hang_action": "terminate",
                                           "script": "t.py"})
     assert (settings.hang_timeout, settings.hang_action) == (30.0, "terminate")
+
+
+def test_the_report_fits_80_columns_and_keeps_the_stacks_as_they_are() -> None:
+    """On stderr and in hang.txt the sentences wrap at 80 columns (eight
+    ranks, some in another place, in the default mode on CPU); a stack's
+    own lines are never broken."""
+    def buffered(rank: int, step: int, phase: str, since: float) -> Position:
+        return position_of(rank_doc(rank, step, phase, since, buffered=True))
+
+    positions = [buffered(r, 1203, "backward", NOW - 640.0) for r in range(6)]
+    positions += [buffered(6, 1203, "forward", NOW - 655.0),
+                  buffered(7, 1202, "optimization", NOW - 700.0)]
+    frame = ('  File "/home/someone/projects/a-long-project-name/src/training/'
+             'distributed_loop.py", line 4123 in all_reduce_gradients_in_buckets')
+    text = hang_report(positions, {7: frame + "\n"}, NOW, 640.0, width=80)
+    lines = text.splitlines()
+    assert "  " + frame in lines
+    assert all(len(line) <= 80 for line in lines if line != "  " + frame), text
+    joined = " ".join(line.strip() for line in lines)
+    assert "rank 7 is in Optimization at step 1202" in joined
+    assert "phase edges are handed over in batches" in joined

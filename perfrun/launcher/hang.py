@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..prose import wrap
 from ..runtime.lifeline import STACK_SIGNAL
 from ..store.layout import HANG_FILE, stack_path
 from ..store.rankfile import hostname, peek_rank_file
@@ -183,15 +184,22 @@ def status_lines(positions: list[Position], now: float) -> list[str]:
     return out
 
 
+#: The hang report's width (on stderr and in hang.txt): its sentences wrap
+#: there; the Python stacks keep their own lines.
+REPORT_WIDTH = 80
+
+
 def hang_report(positions: list[Position], stacks: dict[int, str], now: float,
-                quiet_for: float) -> str:
+                quiet_for: float, width: Optional[int] = None) -> str:
     """The hang report: every rank's position and stack, then the odd one
-    out."""
-    lines = [f"perfrun: hang: no rank has finished a step for {quiet_for:.0f} s"]
-    lines += ["  " + s for s in status_lines(positions, now)]
+    out. `width`: where its sentences wrap (None: one line each)."""
+    lines = wrap(f"perfrun: hang: no rank has finished a step for {quiet_for:.0f} s", width,
+                 rest="  ")
+    for s in status_lines(positions, now):
+        lines += wrap(s, width, "  ", "      ")
     lag = lag_note(positions)
     if lag is not None:
-        lines.append("  " + lag)
+        lines += wrap(lag, width, "  ", "   ")
     for p in positions:
         text = stacks.get(p.rank)
         lines.append(f"--- rank {p.rank} Python stack"
@@ -199,7 +207,8 @@ def hang_report(positions: list[Position], stacks: dict[int, str], now: float,
         if text:
             lines += ["  " + s for s in text.rstrip().splitlines()]
     odd = odd_one_out(positions, now)
-    lines.append("perfrun: hang: " + (odd or "every rank is in the same place"))
+    lines += wrap("perfrun: hang: " + (odd or "every rank is in the same place"), width,
+                  rest="  ")
     return "\n".join(lines) + "\n"
 
 
@@ -265,7 +274,7 @@ class HangWatch:
             if text.strip():
                 stacks[p.rank] = text
         text = hang_report(read_positions(self.run_dir) or positions, stacks, time.time(),
-                           quiet_for)
+                           quiet_for, REPORT_WIDTH)
         sys.stderr.write(text)
         sys.stderr.flush()
         try:
