@@ -47,7 +47,7 @@ class Series:
     """(milliseconds, bytes) points of one process, thinned evenly when
     full."""
 
-    __slots__ = ("points", "stride", "seen", "peak", "name", "measure")
+    __slots__ = ("points", "stride", "seen", "peak", "last", "name", "measure")
 
     def __init__(self, name: str, measure: str = "rss") -> None:
         self.name = name
@@ -56,8 +56,12 @@ class Series:
         self.stride = 1
         self.seen = 0
         self.peak = 0
+        #: The latest reading, whether or not thinning kept its point (the
+        #: metrics endpoint's, runtime/metrics.py).
+        self.last: Optional[int] = None
 
     def add(self, at_ms: int, value: int) -> None:
+        self.last = value
         if value > self.peak:
             self.peak = value
         self.seen += 1
