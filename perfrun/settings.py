@@ -48,6 +48,10 @@ SORT_KEYS = ("cpu-total", "cpu-avg", "cpu-max", "cpu-min", "gpu-total", "gpu-avg
              "gpu-min", "calls", "name")
 TIME_UNITS = ("s", "ms", "us", "ns")
 HANG_ACTIONS = ("report", "terminate")
+#: The highest TCP port.
+MAX_PORT = 65535
+#: The port torchrun's static rendezvous listens on unless told another.
+TORCHRUN_DEFAULT_PORT = 29500
 
 
 def formats(command: str) -> tuple[str, ...]:
@@ -70,6 +74,11 @@ def default_warmup(n_steps: int) -> int:
     if n_steps < 3:
         return 0
     return min(5, max(1, n_steps // 10))
+
+
+def port_span(ports: tuple[int, ...]) -> str:
+    """`9700` or `9700-9707`: the ports of a node's ranks, for a message."""
+    return str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
 
 
 class SettingsError(ValueError):
@@ -476,6 +485,14 @@ class Settings:
     output: str | None = option(
         "--output", metavar="FILE", help="Write the report to FILE instead of standard output."
     )
+    #: Serve each rank's figures to Prometheus while the run lasts: the rank
+    #: with local rank L on port PORT + L (runtime/metrics.py,
+    #: docs/prometheus.md); None: no endpoint.
+    metrics_port: int | None = option(
+        "--metrics-port", type=int, metavar="PORT", yaml=_as_int,
+        help="Serve Prometheus metrics while the run lasts: the rank with local rank L "
+        "on port PORT+L (needs prometheus_client).",
+    )
     flush_interval: float = option("--flush-interval", default=2.0, type=float, hidden=True)
 
     # -- the detailed window --
@@ -552,6 +569,31 @@ class Settings:
                 self.rdzv_id,
             )
         )
+
+    @property
+    def metrics_ports(self) -> tuple[int, ...]:
+        """The ports this node's ranks serve metrics on (--metrics-port),
+        by local rank: PORT + L. One port a rank rather than one a node: each
+        rank serves what its own flush thread measured, and a rank that dies
+        takes only its own target down (Prometheus' `up` says which)."""
+        if self.metrics_port is None:
+            return ()
+        ranks = (self.nproc_per_node or 1) if self.distributed else 1
+        return tuple(range(self.metrics_port, self.metrics_port + ranks))
+
+    @property
+    def torchrun_port(self) -> int | None:
+        """The port torchrun's rendezvous listens on at this node, where it
+        can be known: --master-port, the port of --rdzv-endpoint, or
+        torchrun's default, 29500."""
+        if not self.distributed:
+            return None
+        if self.master_port is not None:
+            return self.master_port
+        if self.rdzv_endpoint is not None:
+            tail = self.rdzv_endpoint.rpartition(":")[2]
+            return int(tail) if tail.isdigit() else None
+        return TORCHRUN_DEFAULT_PORT
 
     @property
     def use_nvtx(self) -> bool:
@@ -642,11 +684,36 @@ class Settings:
             raise SettingsError(
                 f"--tracker-timeout must be a number of seconds above 0, not {self.tracker_timeout}"
             )
+        if self.metrics_port is not None:
+            self._validate_metrics_port()
         if self.hang_action not in HANG_ACTIONS:
             raise SettingsError(
                 f"--hang-action takes {' or '.join(HANG_ACTIONS)}, not {shown(self.hang_action)}"
             )
         return self
+
+    def _validate_metrics_port(self) -> None:
+        """Every port a rank of this node would serve on is a port, and
+        none is torchrun's own (its rendezvous binds it first, and the rank
+        would serve nothing)."""
+        port, ports = self.metrics_port, self.metrics_ports
+        if port is None or not ports:
+            return
+        if not 1 <= port <= MAX_PORT:
+            raise SettingsError(f"--metrics-port must be a port number from 1 to {MAX_PORT}, "
+                                f"not {port}")
+        if ports[-1] > MAX_PORT:
+            raise SettingsError(
+                f"--metrics-port {port}: {len(ports)} ranks a node serve on ports {port} to "
+                f"{ports[-1]}, past {MAX_PORT}; take a port of {MAX_PORT + 1 - len(ports)} "
+                "or below"
+            )
+        master = self.torchrun_port
+        if master is not None and master in ports:
+            raise SettingsError(
+                f"--metrics-port {port}: the ranks' ports {port_span(ports)} include "
+                f"torchrun's rendezvous port {master}; take ports apart from it"
+            )
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -88,6 +88,7 @@ def test_the_readme_has_the_commands_this_test_knows() -> None:
         "perfrun analyze rank0.pt.trace.json.gz",
         "perfrun report perfrun_log --format html --output report.html",
         "perfrun watch perfrun_log",
+        "perfrun --nproc-per-node 2 --metrics-port 9700 train.py",
         "perfrun --timer-only --hang-timeout 600 --hang-action terminate train.py",
         "perfrun status perfrun_log",
         "perfrun --timer-only --save-baseline baseline.json train.py",

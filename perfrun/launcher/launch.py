@@ -36,7 +36,7 @@ from ..exitcodes import ExitCode
 from ..prose import terminal_width, wrap
 from ..runtime.lifeline import parent_death_signal
 from ..runtime.memory import oom_kills
-from ..settings import Settings, child_environment, child_settings
+from ..settings import Settings, child_environment, child_settings, port_span
 from ..store import layout
 from ..store.files import Reserve, atomic_write_text, full_reason
 from ..store.runmeta import write_job_meta, write_run_meta
@@ -136,6 +136,62 @@ def check_torchrun(settings: Settings) -> None:
     )
     if problem is not None:
         raise LaunchError(problem, ExitCode.CONFIG)
+
+
+def check_metrics(settings: Settings) -> None:
+    """--metrics-port, refused in one line before anything runs where the
+    ranks could not serve: prometheus_client missing (the ranks run this
+    python), or a port of this node's ranks taken already. A port taken
+    after this check is the rank's note, never the run's end."""
+    ports = settings.metrics_ports
+    if not ports:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise LaunchError(
+            "--metrics-port needs the prometheus_client package, which this python does not "
+            "have: pip install prometheus_client (or perfrun's extra, perfrun[metrics])",
+            ExitCode.CONFIG,
+        )
+    for local_rank, port in enumerate(ports):
+        problem = port_problem(port)
+        if problem is not None:
+            whose = f" (local rank {local_rank}'s)" if len(ports) > 1 else ""
+            raise LaunchError(
+                f"--metrics-port {settings.metrics_port}: port {port}{whose} {problem}; take "
+                f"another (this node's ranks serve on {port_span(ports)})",
+                ExitCode.CONFIG,
+            )
+
+
+def port_problem(port: int) -> Optional[str]:
+    """Why a rank could not listen on `port` (every interface, as
+    runtime/metrics.py binds it, reuse of a closing port's address
+    allowed as there), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "is in use"
+            return f"cannot be listened on ({exc.strerror or exc})"
+    return None
+
+
+def metrics_notice(settings: Settings, width: Optional[int] = None) -> str:
+    """Where Prometheus finds this node's ranks (--metrics-port), said with
+    the start notice."""
+    ports = settings.metrics_ports
+    if len(ports) == 1:
+        text = f"perfrun: metrics for Prometheus on port {ports[0]} of this machine"
+    else:
+        text = (f"perfrun: metrics for Prometheus on ports {port_span(ports)} of this machine "
+                f"(local rank L on {ports[0]}+L)")
+    return text if width is None else "\n".join(wrap(text, width, "", "  "))
 
 
 def prepare_run_dir(log_dir: str) -> str:
@@ -383,11 +439,15 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
 
     check_target(settings)
     check_torchrun(settings)
+    check_metrics(settings)
     folder = run_folder(settings)
     run_dir = folder.path
     if not settings.quiet:
         # Where the results go, before the script's first line of output.
-        sys.stderr.write(start_notice(settings, folder, terminal_width(sys.stderr)) + "\n")
+        width = terminal_width(sys.stderr)
+        sys.stderr.write(start_notice(settings, folder, width) + "\n")
+        if settings.metrics_port is not None:
+            sys.stderr.write(metrics_notice(settings, width) + "\n")
         sys.stderr.flush()
     if settings.nsys:
         os.makedirs(os.path.join(run_dir, layout.NSYS_DIR), exist_ok=True)

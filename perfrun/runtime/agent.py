@@ -32,7 +32,13 @@ from ..store.layout import (
     stack_path,
     steps_path,
 )
-from ..store.rankfile import environment, rank_document, rank_identity, write_rank_file
+from ..store.rankfile import (
+    environment,
+    hostname,
+    rank_document,
+    rank_identity,
+    write_rank_file,
+)
 from ..store.stepfile import COL, STEP_COLUMNS, StepWriter
 from . import hooks
 from .clock import BufferedClock, PhaseClock
@@ -141,6 +147,7 @@ class Agent:
         # What else reads each step once it is final (see add_row_consumer).
         self._row_consumers: list[Callable[[Any, int, int], None]] = []
         self._cuda_later = False
+        self.metrics: Any = None  # the Prometheus endpoint (metrics.py), --metrics-port only
         self._exec_note = ""
         self._stack_file: Any = None
 
@@ -196,6 +203,7 @@ class Agent:
             self.sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
             self.host_memory = HostMemory()
             self._setup_trackers()
+            self._setup_metrics()
             self._thread = threading.Thread(
                 target=self._flush_loop, name="perfrun-flush", daemon=True
             )
@@ -254,6 +262,53 @@ class Agent:
         self.window = ProfilerWindow(self, torch)
         self._begin_listeners.append(self.window.step_begin)
         self._end_listeners.append(self.window.step_end)
+
+    # -- the Prometheus endpoint (metrics.py) --------------------------------------
+
+    def _setup_metrics(self) -> None:
+        """--metrics-port: serve this rank's figures on PORT + its local
+        rank, tallied by the flush thread (a row consumer) and served from a
+        thread of the endpoint's own. A port that cannot be had is a note,
+        and the run goes on."""
+        port = self.settings.metrics_port
+        if port is None:
+            return
+        try:
+            from .metrics import RankMetrics, failure_note
+
+            metrics = RankMetrics(
+                {"rank": str(self.rank), "node": hostname(),
+                 "job": os.path.basename(os.path.normpath(self.run_dir))},
+                self._metrics_readings,
+            )
+            self.add_row_consumer(metrics.rows)
+            port += self.local_rank
+
+            def failed(exc: OSError) -> None:
+                self.note_once(failure_note(self.rank, port, exc))
+
+            metrics.serve(port, failed)
+            self.metrics = metrics
+        except Exception as exc:
+            self.record_fault("metrics", exc)
+
+    def _metrics_readings(self) -> dict[str, Any]:
+        """What a scrape reads besides the steps, on the endpoint's thread:
+        plain reads of what the agent and the flush thread last set."""
+        from .stepmetrics import rank_state
+
+        memory = self.host_memory
+        process = memory.process if memory is not None else None
+        flops = self.flops
+        counted = None
+        if flops is not None and flops.done and flops.step is not None and flops.reason is None:
+            counts = flops.counts
+            counted = counts["forward"] + counts["backward"] + counts["optimizer"]
+        return {
+            "state": rank_state(self.status, self.exit),
+            "memory": process.last if process is not None else None,
+            "flops": counted,
+        }
 
     # -- FLOPs (flops.py) ---------------------------------------------------------
 

@@ -56,10 +56,12 @@ class Series:
         self.stride = 1
         self.seen = 0
         self.peak = 0
-        #: The latest reading, kept or not (the tracker's memory figure).
-        self.last = 0
+        #: The latest reading, whether or not thinning kept its point (the
+        #: metrics endpoint's, runtime/metrics.py).
+        self.last: Optional[int] = None
 
     def add(self, at_ms: int, value: int) -> None:
+        self.last = value
         if value > self.peak:
             self.peak = value
         self.last = value
