@@ -660,3 +660,16 @@ def test_a_rank_ended_by_an_out_of_memory_error_says_where_it_happened():
         "step": 7, "phase": "forward", "module": "Net.bloat"}}}}
     assert rank_problem(rank) == "raised OutOfMemoryError in step 7 (forward, Net.bloat) " \
         "after 7 steps"
+
+
+def test_the_metrics_endpoint_serves_the_last_sampled_steps_gpu_memory():
+    pytest.importorskip("prometheus_client")
+    from perfrun.runtime.metrics import RankMetrics
+
+    readings = {"state": "running", "memory": 900 << 20, "flops": None,
+                "gpu_memory": {"allocated": 5 << 30, "reserved": 6 << 30,
+                               "peak_allocated": 9 << 30}}
+    metrics = RankMetrics({"rank": "0", "node": "n", "job": "j"}, lambda: readings)
+    family = {m.name: m for m in metrics.collect()}["perfrun_gpu_memory_bytes"]
+    got = {dict(s.labels)["kind"]: s.value for s in family.samples}
+    assert got == {"allocated": 5 << 30, "reserved": 6 << 30, "peak_allocated": 9 << 30}

@@ -200,6 +200,18 @@ class RankMetrics:
             gauge.add_metric(labels, memory)
             yield gauge
 
+        gpu = readings.get("gpu_memory")
+        if gpu is not None:
+            gauge = GaugeMetricFamily(
+                "perfrun_gpu_memory_bytes",
+                "The CUDA allocator's memory at the end of the rank's last sampled step "
+                "(allocated, reserved) and that step's peak allocated.",
+                labels=[*names, "kind"],
+            )
+            for kind in ("allocated", "reserved", "peak_allocated"):
+                gauge.add_metric([*labels, kind], gpu[kind])
+            yield gauge
+
         flops = readings.get("flops")
         if flops is not None:
             gauge = GaugeMetricFamily(
