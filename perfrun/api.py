@@ -136,19 +136,33 @@ def compare(
     EnvironmentMismatch when a gate would compare different environments
     (unless `allow_env_mismatch`). `series=False` leaves out what only the
     comparison's page draws."""
-    from .analysis.compare import compare_runs
+    from .analysis.compare import compare_report, compare_runs
     from .store import baseline as baselines
 
+    # Each run's step files are checked as its report reads them, once
+    # (results.read_run's check_steps).
     try:
-        base_run = baselines.load(baseline, note)
+        base_run = baselines.load(baseline, note, check_steps=False)
     except ResultsError as exc:
         raise RunInputError("baseline", exc) from None
     try:
-        current_run = baselines.load(current, note)
+        current_run = baselines.load(current, note, check_steps=False)
     except ResultsError as exc:
         raise RunInputError("current run", exc) from None
-    base_fp = baselines.stored_fingerprint(baseline, base_run)
-    current_fp = baselines.fingerprint(current_run)
+    history = baselines.load_history(baseline)
+    gated = threshold is not None or bool(history)
+    try:
+        base_report = compare_report(base_run, warmup, series, gated)
+    except ResultsError as exc:
+        raise RunInputError("baseline", exc) from None
+    try:
+        current_report = compare_report(current_run, warmup, series, gated)
+    except ResultsError as exc:
+        raise RunInputError("current run", exc) from None
+    # The fingerprints from the reports, which took rank 0's batch size on
+    # their pass over its steps (a baseline file's own, where it stored one).
+    base_fp = baselines.stored_fingerprint(baseline, base_run, base_report.environment)
+    current_fp = current_report.environment
     differences = baselines.mismatches(base_fp, current_fp)
     if differences and threshold is not None and not allow_env_mismatch:
         raise EnvironmentMismatch(differences)
@@ -160,9 +174,10 @@ def compare(
         current,
         warmup=warmup,
         mismatches=differences,
-        base_history=baselines.load_history(baseline),
+        base_history=history,
         ignore_disturbed=ignore_disturbed,
         series=series,
+        reports=(base_report, current_report),
     )
 
 

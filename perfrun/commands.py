@@ -138,7 +138,8 @@ def show_report(
     report.html too (what only the page draws is computed for html alone).
     `meta`: the launcher's record of the run, when run.json could not be
     brought up to date (a full disk). Raises ResultsError, OSError."""
-    run = read_run(run_dir)
+    # Each step file is checked as the report reads it, once (check_steps).
+    run = read_run(run_dir, check_steps=False)
     if meta is not None:
         run.meta.update(meta)
     if fmt == "table" and output is None and never_imported_torch(run):

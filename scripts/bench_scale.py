@@ -23,6 +23,23 @@ Then, with --ranks R (default 64; 0 skips it), it copies the default mode's
 rank into a folder of R ranks (R x N steps) and times `perfrun report` over
 it, with its peak memory.
 
+With --reports, it times perfrun's reading side at scale instead of (or
+after) the runs: every report format (`perfrun report --format
+table|json|markdown|html`) and `perfrun compare` (its table and its page)
+over a run of --report-ranks ranks x --report-steps steps (default 64 x
+1,000,000: 8.7 GB of step files) against a second one 3% slower, and over
+one rank of --long-steps steps (default 10,000,000), each as a fresh
+process, with its time and peak RSS (ru_maxrss) and the machine's load
+average then. Those folders are written directly, in perfrun's own formats
+(store/rankfile.py's rank document, store/stepfile.py's StepWriter), from a
+short real run of the workload (2,000 steps, for a rank document as a run
+writes it) and synthetic steps: a minute or two of writing instead of hours
+of running. --work DIR keeps them there and reuses them on the next call
+(they take 20 GB: put DIR under /tmp and remove it after); --modes ''
+skips the runs:
+
+    python scripts/bench_scale.py --modes '' --reports --work /tmp/scale
+
 Needs perfrun installed in this interpreter, torch and psutil. One run per
 mode, in sequence: these are figures of growth over a run (memory, file
 size, cost early against late), each read within one run, so a machine that
@@ -44,6 +61,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
+import numpy as np
 import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -214,20 +232,185 @@ def many_ranks(run_dir: str, ranks: int, work: str) -> dict[str, Any]:
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
 
 
+# -- the reading side at scale -----------------------------------------------------------
+
+#: Each step's phases, drawn for the synthetic runs: (median seconds, spread
+#: of the log-normal). The shape of the workload's own steps (a forward of
+#: some 25 us, a backward of 80, two optimizer calls of 60, 20 us of
+#: Others) with a tail, so medians, quartiles and maxima all differ.
+SYNTHETIC_PHASES = {"forward": (25e-6, 0.3), "backward": (80e-6, 0.3),
+                    "optimization": (60e-6, 0.3), "others": (20e-6, 0.6)}
+#: Rows generated and written at a time: a 10^7-step rank is written
+#: without ever holding its steps.
+CHUNK = 1_000_000
+
+
+def synthetic_rows(rng: Any, n: int, origin: float, factor: float) -> Any:
+    """`n` steps in STEP_COLUMNS order from `origin` (seconds), each phase
+    drawn from SYNTHETIC_PHASES and scaled by `factor`; no GPU columns."""
+    from perfrun.store.stepfile import COL, STEP_COLUMNS
+
+    rows = np.full((n, len(STEP_COLUMNS)), np.nan)
+    total = np.zeros(n)
+    for name, (median, sigma) in SYNTHETIC_PHASES.items():
+        values = rng.lognormal(np.log(median * factor), sigma, n)
+        total += values
+        if name != "others":
+            rows[:, COL[name]] = values
+    rows[:, COL["dataloader"]] = 0.0
+    rows[:, COL["excluded"]] = 0.0
+    end = origin + np.cumsum(total)
+    rows[:, COL["end"]] = end
+    rows[:, COL["start"]] = np.concatenate(([origin], end[:-1]))
+    for name, calls in (("dataloader", 0), ("forward", 1), ("backward", 1),
+                        ("optimization", 2)):
+        rows[:, COL[name + "_calls"]] = calls
+    rows[:, COL["samples"]] = 0.0
+    return rows
+
+
+def synthetic_run(template: str, folder: str, ranks: int, steps: int, factor: float,
+                  seed: int) -> None:
+    """A run folder of `ranks` ranks of `steps` synthetic steps each, their
+    documents the template run's rank 0 (`template`, a run folder) with its
+    identity, steps, times and memory points made to fit."""
+    from perfrun.store.rankfile import write_rank_file
+    from perfrun.store.stepfile import STEP_COLUMNS, StepWriter
+
+    os.makedirs(folder)
+    with open(os.path.join(template, "rank0.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    with open(os.path.join(template, "run.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    origin = 5.0
+    for r in range(ranks):
+        rng = np.random.default_rng([seed, r])
+        # Ranks differ by up to 0.7%: alike enough for no straggler, apart
+        # enough that every rank's figures are its own.
+        rank_factor = factor * (1 + 0.001 * (r % 8))
+        writer = StepWriter(os.path.join(folder, f"rank{r}.steps"), STEP_COLUMNS)
+        at = origin
+        for lo in range(0, steps, CHUNK):
+            rows = synthetic_rows(rng, min(CHUNK, steps - lo), at, rank_factor)
+            at = float(rows[-1, 1])
+            writer.append_held(rows.reshape(-1), rows.shape[0])
+        writer.close()
+        one = json.loads(json.dumps(doc))
+        one.update(rank=r, local_rank=r % 8, world_size=ranks, elapsed=round(at + 0.5, 6))
+        one["steps"] = dict(doc["steps"], file=f"rank{r}.steps", count=steps)
+        one["position"] = dict(doc.get("position") or {}, step=steps)
+        process = (one.get("memory") or {}).get("process")
+        if process and process.get("points"):
+            # The rank's memory samples spread over its steps, as its saves
+            # would have taken them.
+            points = process["points"]
+            k = len(points)
+            process["points"] = [[int((origin + (at - origin) * (i + 1) / k) * 1000), v]
+                                 for i, (_t, v) in enumerate(points)]
+        write_rank_file(os.path.join(folder, f"rank{r}.json"), one)
+    meta.update(expected_ranks=ranks, elapsed=at + 1.0)
+    if ranks > 1:
+        meta.update(launcher="torchrun", returncode=0)
+    with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1)
+    settings = os.path.join(template, "settings.json")
+    if os.path.exists(settings):
+        shutil.copyfile(settings, os.path.join(folder, "settings.json"))
+
+
+def template_run(work: str) -> str:
+    """A short real run of the workload (2,000 steps, default mode): the
+    rank document the synthetic runs are written from."""
+    log = os.path.join(work, "template")
+    if not os.path.isdir(log):
+        stats = os.path.join(work, "template.stats.json")
+        subprocess.run(perfrun_cmd("--log-dir", log, "-q", WORKLOAD, "2000", stats),
+                       stdout=subprocess.DEVNULL, check=True)
+    return os.path.realpath(os.path.join(log, "latest"))
+
+
+def timed(args: list[str]) -> dict[str, Any]:
+    """`perfrun ARGS` as a fresh process, its output discarded: its time,
+    its peak RSS and its exit status, with the load average as it began."""
+    load = os.getloadavg()[0]
+    t = time.perf_counter()
+    proc = subprocess.Popen(perfrun_cmd(*args), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    return {"s": round(time.perf_counter() - t, 2),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "exit": os.waitstatus_to_exitcode(status), "load": round(load, 2)}
+
+
+#: What is timed over each run folder: every report format, and compare
+#: against the second folder as a table and as a page.
+REPORT_COMMANDS = (
+    ("report table", ["report", "{a}", "--format", "table"]),
+    ("report json", ["report", "{a}", "--format", "json"]),
+    ("report markdown", ["report", "{a}", "--format", "markdown"]),
+    ("report html", ["report", "{a}", "--format", "html", "--output", "{out}"]),
+    ("compare table", ["compare", "{a}", "{b}"]),
+    ("compare html", ["compare", "{a}", "{b}", "--format", "html", "--output", "{out}"]),
+)
+
+
+def reports_at_scale(work: str, ranks: int, steps: int, long_steps: int,
+                     only: Optional[list[str]] = None) -> dict[str, Any]:
+    """Build (or reuse) the folders under `work` and time each command of
+    REPORT_COMMANDS over them."""
+    template = template_run(work)
+    sets = []
+    if ranks and steps:
+        sets.append((f"{ranks}x{steps}", ranks, steps))
+    if long_steps:
+        sets.append((f"1x{long_steps}", 1, long_steps))
+    out: dict[str, Any] = {}
+    for name, r, n in sets:
+        folders = []
+        for which, factor in (("a", 1.0), ("b", 1.03)):
+            folder = os.path.join(work, f"{name}-{which}")
+            if not os.path.isdir(folder):
+                print(f"   writing {folder}", flush=True)
+                synthetic_run(template, folder, r, n, factor, seed=1 if which == "a" else 2)
+            folders.append(folder)
+        size = sum(os.path.getsize(os.path.join(folders[0], f)) for f in os.listdir(folders[0]))
+        figures: dict[str, Any] = {"ranks": r, "steps": n, "data_gb": round(size / 1e9, 2)}
+        page = os.path.join(work, "page.html")
+        for label, args in REPORT_COMMANDS:
+            if only and label not in only:
+                continue
+            figures[label] = timed([a.format(a=folders[0], b=folders[1], out=page)
+                                    for a in args])
+            print(f"   {name} {label}: {json.dumps(figures[label])}", flush=True)
+        out[name] = figures
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--modes", default="python,timer-only,default")
     parser.add_argument("--json", help="write the figures here as JSON")
+    parser.add_argument("--reports", action="store_true",
+                        help="time every report format and compare at scale")
+    parser.add_argument("--report-ranks", type=int, default=64)
+    parser.add_argument("--report-steps", type=int, default=1_000_000)
+    parser.add_argument("--long-steps", type=int, default=10_000_000)
+    parser.add_argument("--only", help="the commands to time, comma-separated "
+                        "(e.g. 'report html,compare table')")
+    parser.add_argument("--work", help="work here and keep what is built (the --reports "
+                        "folders are reused from it)")
     args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="perfrun-scale-")
+    if args.work:
+        os.makedirs(args.work, exist_ok=True)
+    work = args.work or tempfile.mkdtemp(prefix="perfrun-scale-")
     figures: dict[str, Any] = {
         "steps": args.steps, "python": platform.python_version(),
         "cpus": os.cpu_count(), "runs": {},
     }
     try:
-        for mode in args.modes.split(","):
+        for mode in [m for m in args.modes.split(",") if m]:
             print(f"== {mode}: {args.steps} steps", flush=True)
             result = run_mode(mode, args.steps, work)
             figures["runs"][mode] = result
@@ -242,8 +425,14 @@ def main() -> int:
             print(f"== perfrun report over {args.ranks} ranks", flush=True)
             figures["many_ranks"] = many_ranks(ranked["run_dir"], args.ranks, work)
             print(json.dumps(figures["many_ranks"]))
+        if args.reports:
+            print("== every report format and compare at scale", flush=True)
+            figures["reports"] = reports_at_scale(work, args.report_ranks, args.report_steps,
+                                                  args.long_steps,
+                                                  args.only.split(",") if args.only else None)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=1)

@@ -96,8 +96,7 @@ def test_a_million_step_page_stays_small(tmp_path: Path) -> None:
     """The step chart adds a bounded amount whatever the run's length: the
     whole page for 10^6 steps is plotly's bundle plus well under 1 MB."""
     rank = make_rank([])
-    rank._table = _table(1_000_000)
-    rank._n = 1_000_000
+    rank._rows, rank._table = None, _table(1_000_000)
     run = make_run([rank], run_dir=str(tmp_path))
     text = page.render_html(build_report(run))
     data = len(text.encode()) - len(page.plotly_bundle().encode())

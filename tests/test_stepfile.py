@@ -405,12 +405,15 @@ def test_held_steps_are_no_objects_for_the_cyclic_collector(tmp_path: Path) -> N
     assert len(gc.get_objects()) - before < 50
 
 
-def test_a_multi_rank_report_reads_each_step_file_about_once(
+def test_a_report_reads_each_step_file_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A report over long ranks costs what reading their step files costs:
-    with FLOPs counted, the FLOP rates reuse the multi-rank summary's
-    median steps instead of reading every rank again."""
+    """A report over long ranks costs what reading their step files once
+    costs: one pass over each rank (rankpass.py) gives every figure, the
+    page's and the straggler check's included, and checks the rows on the
+    way; with FLOPs counted, the FLOP rates reuse the Ranks table's median
+    steps. Only the counted step's row is read again (mapped: one row)."""
+    import perfrun.store.rankfile as rankfile
     import perfrun.store.stepfile as stepfile
 
     flops = {"counted": True, "step": 2, "reason": None, "forward": 2_000_000,
@@ -419,23 +422,75 @@ def test_a_multi_rank_report_reads_each_step_file_about_once(
              "device_name": None, "seconds": 0.01, "notes": []}
     for rank in (0, 1):
         write_v2(tmp_path, ROWS, rank=rank, world_size=2, flops=flops)
-    run = read_run(str(tmp_path))
     reads: dict[str, int] = {}
-    real = stepfile.read
+    real_read, real_blocks = stepfile.read, rankfile.blocks
 
     def counting(path: str, mapped: bool = False) -> Any:
         if not mapped:  # a whole file read; mapped reads touch what they slice
             reads[os.path.basename(path)] = reads.get(os.path.basename(path), 0) + 1
-        return real(path, mapped)
+        return real_read(path, mapped)
+
+    def passes(path: str, *args: Any, **kwargs: Any) -> Any:
+        reads[os.path.basename(path)] = reads.get(os.path.basename(path), 0) + 1
+        return real_blocks(path, *args, **kwargs)
 
     monkeypatch.setattr(stepfile, "read", counting)
-    report = build_report(run)
+    monkeypatch.setattr(rankfile, "blocks", passes)
+    run = read_run(str(tmp_path), check_steps=False)
+    assert reads == {}
+    report = build_report(run, series=True)
     assert report.flops is not None and [r.rank for r in report.flops.ranks] == [0, 1]
     assert report.flops.ranks[1].seconds == pytest.approx(8 * MS)
-    # Every rank is read by the multi-rank summary and the straggler check;
-    # rank 0 once more as the reference of the Perf and Model Summaries.
-    assert reads["rank1.steps"] <= 2, reads
-    assert reads["rank0.steps"] <= 3, reads
+    assert report.series is not None and len(report.series.boxes) == 2
+    assert reads == {"rank0.steps": 1, "rank1.steps": 1}
+    # Read and checked at once (the default), the rows are read for the check.
+    reads.clear()
+    build_report(read_run(str(tmp_path)))
+    assert reads == {"rank0.steps": 2, "rank1.steps": 2}
+
+
+def test_a_step_file_left_to_check_is_checked_before_any_row_is_used(tmp_path: Path) -> None:
+    """Read with check_steps=False, a damaged step file is refused by the
+    report's pass over it, in the words the reading would have used, and
+    by every other way to its rows before they are used."""
+    rows = [list(r) for r in ROWS]
+    rows[5][COL["forward"]] = -1.0
+    write_v2(tmp_path, rows)
+    with pytest.raises(ResultsError) as eager:
+        read_run(str(tmp_path))
+    run = read_run(str(tmp_path), check_steps=False)
+    with pytest.raises(ResultsError) as deferred:
+        build_report(run)
+    assert str(deferred.value) == str(eager.value)
+    assert "step 5 has forward = -1 s" in str(eager.value)
+    rank = run.ranks[0]
+    for use in (lambda: rank.table, rank.mapped, lambda: rank.take([0]), lambda: rank.rows):
+        with pytest.raises(ResultsError):
+            use()
+
+
+def test_steps_stream_in_blocks_as_they_are_read_whole(tmp_path: Path) -> None:
+    """stepfile.blocks gives the rows read_table gives, a block at a time
+    into one buffer: in any block size, in the file's own column order or
+    another, up to a stop."""
+    import numpy as np
+
+    from perfrun.store.stepfile import blocks, read_table
+
+    write_v2(tmp_path, ROWS)
+    path = str(tmp_path / "rank0.steps")
+    whole = read_table(path)
+    for rows in (1, 4, len(ROWS), 1000):
+        got = np.concatenate([block.copy() for _, block in blocks(path, rows=rows)])
+        np.testing.assert_array_equal(got, whole)
+    got = np.concatenate([block.copy() for _, block in blocks(path, 7, rows=3)])
+    np.testing.assert_array_equal(got, whole[:7])
+    columns = ["end", "start", "future"] + list(STEP_COLUMNS[2:])
+    writer = StepWriter(str(tmp_path / "other.steps"), columns)
+    writer.append([[r[1], r[0], 7.0] + r[2:] for r in ROWS])
+    writer.close()
+    got = np.concatenate([b.copy() for _, b in blocks(str(tmp_path / "other.steps"), rows=5)])
+    np.testing.assert_array_equal(got, whole)
 
 
 def test_the_straggler_check_holds_a_bounded_sample_of_steps(

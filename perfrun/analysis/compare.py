@@ -93,13 +93,25 @@ class Comparison:
 def _gate_series(report: Report, run: RunResults) -> list[float]:
     """Steady-state step times of the reference rank: the steps the Perf
     Summary counts (warm-up left out, and the detailed window unless the run
-    was timer-only)."""
+    was timer-only); from the report when it kept them (build_report's
+    `gate`: taken on its one pass over the steps), else read."""
+    if report.gate_steps is not None:
+        return report.gate_steps.tolist()  # type: ignore[no-any-return]
     ref = next((r for r in run.ranks if r.rank == report.title.rank), None)
     if ref is None:
         return []
     title = report.title
     counted = steady_table(ref, title.warmup, title.window, title.window_excluded)
     return columns.step_times(counted).tolist()  # type: ignore[no-any-return]
+
+
+def compare_report(run: RunResults, warmup: Optional[int] = None, series: bool = True,
+                   gated: bool = True) -> Report:
+    """A run's report as compare_runs takes it (`gated`: with the step times
+    the gate compares, for a comparison with a threshold or a baseline's
+    earlier runs). Raises ResultsError (a damaged step file, found as the
+    report reads it)."""
+    return build_report(run, warmup=warmup, series=series, gate=gated)
 
 
 def compare_runs(
@@ -113,14 +125,18 @@ def compare_runs(
     base_history: Sequence[RunResults] = (),
     ignore_disturbed: bool = False,
     series: bool = True,
+    reports: Optional[tuple[Report, Report]] = None,
 ) -> Comparison:
     """`base_history`: earlier runs stored in the same baseline file; the
     gate uses them to measure how much whole runs differ.
     `ignore_disturbed`: gate even when a run's measurement was disturbed
     (a machine known to be shared); otherwise such a run gives no verdict.
-    `series`: the reports carry what the comparison's page draws."""
-    b = build_report(base, warmup=warmup, series=series)
-    c = build_report(current, warmup=warmup, series=series)
+    `series`: the reports carry what the comparison's page draws.
+    `reports`: both runs' reports, when the caller has built them already
+    (compare_report builds them as this needs them)."""
+    gated = threshold is not None or bool(base_history)
+    b, c = reports or (compare_report(base, warmup, series, gated),
+                       compare_report(current, warmup, series, gated))
     rows: list[Row] = []
     if b.perf is not None and c.perf is not None:
         rows += [
@@ -159,7 +175,9 @@ def compare_runs(
         which = "baseline" if b.problem else "current run"
         comparison.problem = f"the {which} has no measurement: {b.problem or c.problem}"
         return comparison
-    others = [_gate_series(build_report(h, warmup=warmup, series=False), h)
+    if threshold is None and not base_history:
+        return comparison  # no gate, and no row of the baseline's runs
+    others = [_gate_series(build_report(h, warmup=warmup, series=False, gate=True), h)
               for h in base_history]
     others = [o for o in others if o]
     base_series, current_series = _gate_series(b, base), _gate_series(c, current)

@@ -54,7 +54,7 @@ def counted_step(data: Mapping[str, Any]) -> Optional[int]:
     return step
 
 
-def _median(values: Any) -> Optional[float]:
+def median_time(values: Any) -> Optional[float]:
     """The median of the finite values, None when there are none or it is
     not positive (no rate can be taken over it)."""
     arr = np.asarray(values, dtype=float)
@@ -206,10 +206,23 @@ def rank_peak(data: Mapping[str, Any], override_tflops: Optional[float]
 
 
 def median_step(steady: Any) -> Optional[float]:
-    """The median step time of a table of counted steps (columns.py), the
-    time a rate is taken over; None without steps."""
+    """The median step time of the counted steps (their Quantities, or a
+    table: columns.py), the time a rate is taken over; None without steps."""
+    if isinstance(steady, columns.Quantities):
+        return _median_of(steady, "step")
     t = columns.as_table(steady)
-    return _median(columns.step_times(t)) if t.shape[0] else None
+    return median_time(columns.step_times(t)) if t.shape[0] else None
+
+
+def _median_of(q: columns.Quantities, name: str) -> Optional[float]:
+    """median_time of the quantity `name` (columns.TIMED) of `q`, from its Stats,
+    which hold the same median (of the finite values): the Perf and Model
+    Summaries take them anyway, and a median of 10^7 steps costs a quarter
+    of a second."""
+    if not q.n:
+        return None
+    median = q.stats(name).median
+    return median if median is not None and median > 0.0 else None
 
 
 def flops_summary(
@@ -219,8 +232,8 @@ def flops_summary(
     override_tflops: Optional[float] = None,
     others: Sequence[tuple[int, Mapping[str, Any], Optional[float]]] = (),
 ) -> Optional[FlopsSummary]:
-    """The reference rank's `data` (its rank file) and `steady` table (its
-    counted steps, columns.py); `counted_row`: the counted step's own row
+    """The reference rank's `data` (its rank file) and `steady` (its counted
+    steps: their Quantities, or a table, columns.py); `counted_row`: the counted step's own row
     (a table of one step), for what counting cost it. `others`: (rank,
     data, median step seconds) of every rank, the reference included, for
     the per-rank and job-wide figures (empty for one rank): the summary
@@ -234,13 +247,12 @@ def flops_summary(
         reason = section.get("reason")
         return FlopsSummary(counted=False, step=step,
                             reason=str(reason) if reason else "not counted")
-    t = columns.as_table(steady)
+    q = columns.quantities(steady)
     on_gpu = section.get("device") == "cuda"
     peak, peak_reason = rank_peak(data, override_tflops)
     peak_flops = peak.flops if peak is not None else None
-    step_seconds = median_step(t)
-    gpu_rows = t[columns.gpu_mask(t)] if t.shape[0] else t
-    use_gpu = on_gpu and gpu_rows.shape[0] > 0
+    step_seconds = median_step(q)
+    gpu = q.gpu if on_gpu else None
     phases = []
     for name, key, column in PHASE_ROWS:
         if key is None:
@@ -248,10 +260,10 @@ def flops_summary(
             seconds, basis = step_seconds, "wall"
         else:
             flops = _int(section.get(key))
-            if use_gpu:
-                seconds, basis = _median(columns.gpu_phase_times(gpu_rows, column)), "gpu"
+            if gpu is not None:
+                seconds, basis = median_time(gpu.phases[column]), "gpu"
             else:
-                seconds = _median(columns.phase_times(t, column)) if t.shape[0] else None
+                seconds = _median_of(q, column)
                 basis = "cpu"
         rate = achieved(flops, seconds)
         phases.append(PhaseRate(name, flops, seconds, basis, rate,

@@ -18,9 +18,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis import columns
-from perfrun.analysis.flops import median_step
-from perfrun.analysis.selection import rank_counted
+from perfrun.analysis.rankpass import RankPass, read_pass
+from perfrun.analysis.selection import Counted, rank_counted
 from perfrun.analysis.stats import Stats, size
 from perfrun.analysis.straggler import RankSteps, Straggler
 from perfrun.analysis.straggler import decide as decide_straggler
@@ -461,6 +460,38 @@ class MultiRankSummary:
         return out
 
 
+@dataclass(frozen=True)
+class Steady:
+    """What the Ranks table takes from one rank's counted steps: how many,
+    the step's, each phase's and Others' averages, and the median step
+    (for the FLOP rates and the steps a rank killed outright lost)."""
+
+    counted: int
+    step_avg: Optional[float]
+    phase_avg: dict[str, Optional[float]]
+    others_avg: Optional[float]
+    step_median: Optional[float]
+
+
+def steady_of(steps: RankPass, counted: Counted) -> Steady:
+    """A rank's Steady figures from the pass over its steps (rankpass.py),
+    over its `counted` steps."""
+    times = steps.times("step", counted)
+    median = steps.median("step", counted, finite=True)
+    return Steady(
+        counted=int(times.size),
+        step_avg=Stats.avg_of(times),
+        phase_avg={p: Stats.avg_of(steps.times(p, counted)) for p in PHASES},
+        others_avg=Stats.avg_of(steps.times("others", counted)),
+        # flops.median_time's: none that is not positive.
+        step_median=median if median is not None and median > 0.0 else None,
+    )
+
+
+#: multi_rank_summary's `straggler`: not given, so decided there.
+READ = object()
+
+
 def multi_rank_summary(
     ranks: Sequence[RankResult],
     warmup: int,
@@ -470,22 +501,30 @@ def multi_rank_summary(
     endings: Optional[Mapping[int, Ending]] = None,
     recorded_first: Optional[int] = None,
     stopped: bool = False,
+    steady: Optional[Mapping[int, Steady]] = None,
+    straggler: Any = READ,
 ) -> MultiRankSummary:
     """Compare ranks: in data-parallel training every step waits for the
     slowest rank, so one slow rank (a throttled GPU, a busy host, a skewed
     shard) sets the pace of all of them. `endings`: how each rank's process
     ended, seen from outside (torchrun's record); `recorded_first`: the rank
     torchrun saw fail first; `stopped`: the launcher passed on a signal
-    (see first_failure)."""
+    (see first_failure). `steady` (by rank) and `straggler`: what the
+    caller's passes over the ranks' steps found already (build_report reads
+    each rank once for every figure); else each rank is read here."""
     live = set(alive)
     endings = endings or {}
     first = first_failure(ranks, endings, live, recorded_first, stopped)
+    if steady is None:
+        steady = {}
+        for rank in ranks:
+            counted = rank_counted(rank, warmup, exclude_window=exclude_window)
+            steady[rank.rank] = steady_of(read_pass(rank), counted)
     rows: list[RankRow] = []
     for rank in ranks:
-        steady = rank_counted(rank, warmup, exclude_window=exclude_window).take(rank.table)
+        found = steady[rank.rank]
         env = rank.data.get("env") or {}
-        phase_avg = {p: Stats.avg_of(columns.phase_times(steady, p)) for p in PHASES}
-        median = median_step(steady)
+        median = found.step_median
         ending, on = endings.get(rank.rank), rank.rank in live
         rows.append(
             RankRow(
@@ -493,10 +532,10 @@ def multi_rank_summary(
                 hostname=env.get("hostname"),
                 status=rank.status,
                 steps=rank.n_steps,
-                counted=int(steady.shape[0]),
-                step_avg=Stats.avg_of(columns.step_times(steady)),
-                phase_avg=phase_avg,
-                others_avg=Stats.avg_of(columns.others_times(steady)),
+                counted=found.counted,
+                step_avg=found.step_avg,
+                phase_avg=dict(found.phase_avg),
+                others_avg=found.others_avg,
                 problem=rank_problem(rank, ending, alive=on, first=first, step_time=median),
                 step_median=median,
                 outcome=rank_outcome(rank, ending, alive=on, first=first),
@@ -530,10 +569,10 @@ def multi_rank_summary(
             median=median,
             percent_slower=(worst.step_avg / median - 1.0) * 100.0,
         )
-    straggler = _straggler(ranks, warmup, exclude_window)
+    if straggler is READ:
+        straggler = _straggler(ranks, warmup, exclude_window)
     return MultiRankSummary(rows=rows, across=across, slowest=slowest, straggler=straggler,
                             first_failed=first)
-
 
 #: The most steps the straggler check compares, evenly spaced over the steady
 #: steps all ranks share: its verdict rests on medians per rank and per
@@ -543,26 +582,55 @@ def multi_rank_summary(
 STRAGGLER_STEPS = 20_000
 
 
-def _straggler(ranks: Sequence[RankResult], warmup: int,
-               exclude_window: bool) -> Optional[Straggler]:
-    """The straggler verdict (straggler.py) over the steady steps every rank
-    recorded, at most STRAGGLER_STEPS of them: the steps are chosen from the
-    ranks' step counts alone, then read rank by rank."""
-    kept = [(rank, rank_counted(rank, warmup, exclude_window=exclude_window).index())
-            for rank in ranks]
-    kept = [(rank, index) for rank, index in kept if len(index)]
+def straggler_steps(ranks: Sequence[RankResult], warmup: int,
+                    exclude_window: bool) -> Optional[Any]:
+    """The steps the straggler check compares (step indices): the steady
+    steps every rank that has any recorded, at most STRAGGLER_STEPS of
+    them, chosen from the ranks' step counts alone, so that a pass over
+    each rank can gather them (rankpass.Picked); None when fewer than two
+    ranks have steady steps."""
+    kept = [counted for counted in (rank_counted(rank, warmup, exclude_window=exclude_window)
+                                    for rank in ranks) if counted.count]
     if len(kept) < 2:
         return None
-    common = kept[0][1]
-    for _, index in kept[1:]:
-        common = np.intersect1d(common, index, assume_unique=True)
+    # The steps counted on every rank: the counted masks anded (a million
+    # steps of 64 ranks in milliseconds, where intersecting their indices
+    # sorted them all).
+    shared = min(counted.n for counted in kept)
+    keep = np.ones(shared, dtype=bool)
+    for counted in kept:
+        keep &= counted.mask()[:shared]
+    common = np.flatnonzero(keep)
     if len(common) > STRAGGLER_STEPS:
         common = common[np.linspace(0, len(common) - 1, STRAGGLER_STEPS).astype(np.int64)]
-    return decide_straggler([_rank_steps(rank, common) for rank, _ in kept])
+    return common
 
 
-def _rank_steps(rank: RankResult, index: Any) -> RankSteps:
-    """The rank's steps at `index`, with their indices and clock origin."""
+def straggler_of(ranks: Sequence[RankResult], index: Any,
+                 rows: Mapping[int, Any]) -> Optional[Straggler]:
+    """The straggler verdict (straggler.py) over the steps `index`
+    (straggler_steps) of every rank that has steady steps, each rank's rows
+    at `index` in `rows` (by rank)."""
+    return decide_straggler([_rank_steps(rank, index, rows[rank.rank])
+                             for rank in ranks if rank.rank in rows])
+
+
+def _straggler(ranks: Sequence[RankResult], warmup: int,
+               exclude_window: bool) -> Optional[Straggler]:
+    """The straggler verdict over the steady steps every rank recorded, at
+    most STRAGGLER_STEPS of them, read rank by rank."""
+    index = straggler_steps(ranks, warmup, exclude_window)
+    if index is None:
+        return None
+    with_steps = [rank for rank in ranks
+                  if rank_counted(rank, warmup, exclude_window=exclude_window).count]
+    return straggler_of(with_steps, index, {rank.rank: rank.take(index)
+                                            for rank in with_steps})
+
+
+def _rank_steps(rank: RankResult, index: Any, table: Any) -> RankSteps:
+    """The rank's steps at `index` (`table`), with their indices and clock
+    origin."""
     env = rank.data.get("env") or {}
     origin = rank.data.get("started_unix")
     return RankSteps(
@@ -570,5 +638,5 @@ def _rank_steps(rank: RankResult, index: Any) -> RankSteps:
         host=env.get("hostname"),
         origin=float(origin) if isinstance(origin, (int, float)) else 0.0,
         index=index,
-        table=rank.take(index),
+        table=table,
     )

@@ -21,28 +21,36 @@ from typing import Any, Optional
 
 from perfrun.analysis.advice import Advice, AdviceInputs, advise
 from perfrun.analysis.allocator import devices_memory
+from perfrun.analysis.columns import Quantities
 from perfrun.analysis.device import DeviceSummary, device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
-from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary, median_step
+from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
 from perfrun.analysis.memory import MemorySummary, StepStarts, memory_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
+from perfrun.analysis.rankpass import Picked, RankPass, SampleTally, read_pass
 from perfrun.analysis.ranks import (
     MultiRankSummary,
+    Steady,
     multi_rank_summary,
     rank_problem,
     run_endings,
     running_sentence,
+    steady_of,
     steps_phrase,
+    straggler_of,
+    straggler_steps,
 )
 from perfrun.analysis.selection import (
+    Counted,
     counted,
     disturbed_steps,
     profiled_steps,
     rank_counted,
     rank_window,
 )
-from perfrun.analysis.series import PageSeries, page_series
+from perfrun.analysis.series import PageSeries, SeriesSink, add_rank, medians_of
 from perfrun.analysis.stats import default_warmup
+from perfrun.analysis.straggler import Straggler
 from perfrun.analysis.summary import (
     ModelSummary,
     PerfSummary,
@@ -51,9 +59,9 @@ from perfrun.analysis.summary import (
     model_summary,
     perf_summary,
 )
-from perfrun.analysis.window import WindowReport, window_report
+from perfrun.analysis.window import INSIDE, WindowReport, window_report, window_steps
 from perfrun.settings import SUMMARY_KEYS
-from perfrun.store.baseline import fingerprint
+from perfrun.store.baseline import READ, batch_size, fingerprint
 from perfrun.store.childfile import read_children
 from perfrun.store.layout import rank_stem
 from perfrun.store.pipelinefile import loader_files
@@ -255,6 +263,9 @@ class Report:
     #: folder, run.json, the missing ranks and every rank's document (with
     #: its step file's path, not its steps); None when not asked for.
     results: Optional[dict[str, Any]] = None
+    #: The reference rank's steady step times, as the gate compares them
+    #: (analysis/compare.py; not in the JSON); None when not asked for.
+    gate_steps: Any = None
 
     def show(self, section: str) -> bool:
         return bool(self.sections.get(section, True))
@@ -409,15 +420,6 @@ def _before_torch(ranks: list[RankResult]) -> Optional[str]:
     return None
 
 
-def _died_step(rank: RankResult, warmup: int, alive: set[int]) -> Optional[float]:
-    """The median counted step of a rank that died without its final save
-    (to count the steps it lost), None for any other: only then is its
-    step file read for it."""
-    if rank.status != "running" or rank.rank in alive or not rank.n_steps:
-        return None
-    return median_step(rank_counted(rank, warmup).take(rank.table))
-
-
 def build_report(
     run: RunResults,
     warmup: Optional[int] = None,
@@ -425,6 +427,7 @@ def build_report(
     alive: Iterable[int] = (),
     series: bool = True,
     results: bool = False,
+    gate: bool = False,
 ) -> Report:
     """Summarise a merged run.
 
@@ -438,10 +441,13 @@ def build_report(
     ordinary). The reference rank for the Perf and Model Summaries is rank 0,
     or the lowest rank that recorded steps when rank 0 recorded none.
 
-    `series=False` leaves out what only the page draws (`series`,
-    `environment`): a live view that rebuilds the report every few seconds
-    has no use for them. `results=True` adds the merged results the JSON
-    report ends with (`results`).
+    `series=False` leaves out what only the page draws (`series`): a live
+    view that rebuilds the report every few seconds has no use for it.
+    `results=True` adds the merged results the JSON report ends with
+    (`results`); `gate=True` the step times the gate compares (`gate_steps`).
+
+    Each rank's steps are read once, for every figure (rankpass.py), one
+    rank at a time.
     """
     ranks = list(run.ranks)
     with_rows = [r for r in ranks if r.n_steps]
@@ -507,11 +513,18 @@ def build_report(
         report.notes.append(BOOTSTRAP_HINT)
     report.faults = _faults(ranks)
 
+    # Every rank's steps, read once, here, for every figure below that rests
+    # on them (rankpass.py); a damaged step file is refused now, before any
+    # figure is taken.
+    multi = run.world_size > 1 or bool(run.missing)
+    read = _read_ranks(run, ref, warmup, exclude_window, steps, window, multi, series,
+                       gate_window=(title.window, title.window_excluded) if gate else None)
     endings = run_endings(run)
-    if run.world_size > 1 or run.missing:
+    if multi:
         report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, live,
                                           endings, run.first_failed,
-                                          stopped=bool(run.meta.get("signals")))
+                                          stopped=bool(run.meta.get("signals")),
+                                          steady=read.steady, straggler=read.straggler)
         report.problems = report.ranks.problems
     else:
         live = set(alive)
@@ -519,7 +532,8 @@ def build_report(
             f"rank {r.rank}: {p}"
             for r in ranks
             if (p := rank_problem(r, endings.get(r.rank), alive=r.rank in live,
-                                  step_time=_died_step(r, warmup, live)))
+                                  step_time=read.died.get(r.rank)
+                                  if r.rank not in live else None))
         ]
     if report.problem is not None:
         # "recorded no steps", or "did not start" (one script, one error),
@@ -538,16 +552,12 @@ def build_report(
         if children is not None:
             report.extras.append(children[0])
             child_steps = children[1]
-    # The reference rank's steps, read once for everything that needs them
-    # (a rank in a step file is read again at each use).
-    full = ref.table if ref is not None and ref.n_steps else None
-    report.window = window_report(ranks, ref, window, warmup, full)
-    table = None
-    if ref is not None and full is not None:
-        table = steps.take(full)
+    report.window = window_report(ranks, ref, window, warmup, read.ref)
+    table = read.summary
+    if ref is not None and table is not None:
         report.perf = perf_summary(table)
         report.model = model_summary(table)
-        if not table.shape[0]:
+        if not table.n:
             report.notes.append(
                 f"all {steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
                 "or the detailed window: nothing left to summarise (lower --warmup)"
@@ -576,14 +586,99 @@ def build_report(
     report.disturbed = _disturbed(run)
     if results:
         report.results = _results(run)
-    if series:
-        report.environment = fingerprint(run, full if ref is not None and ref.rank == 0 else None)
-    # A long rank's steps are let go before the series read the ranks one
-    # at a time: a report over many long ranks holds one rank at a time.
-    full = table = None
-    if series:
-        report.series = page_series(run, ref, warmup, exclude_window)
+    report.environment = fingerprint(run, batch=read.batch)
+    report.series = read.page
+    report.gate_steps = read.gate_steps
     return report
+
+
+@dataclass
+class _Read:
+    """What build_report takes from the passes over the ranks' steps."""
+
+    #: Each rank's figures over its counted steps (the Ranks table).
+    steady: dict[int, Steady] = field(default_factory=dict)
+    #: The median counted step of each rank that may have died (its file
+    #: says running), to count the steps it lost.
+    died: dict[int, Optional[float]] = field(default_factory=dict)
+    straggler: Optional[Straggler] = None
+    #: The reference rank's pass, and the Quantities of its counted steps.
+    ref: Optional[RankPass] = None
+    summary: Optional[Quantities] = None
+    page: Optional[PageSeries] = None
+    #: The fingerprint's batch size, when its rank is the reference.
+    batch: Any = READ
+    gate_steps: Any = None
+
+
+#: The name the summaries' steps are asked of the reference's pass under.
+_SUMMARY = "summary"
+
+
+def _read_ranks(run: RunResults, ref: Optional[RankResult], warmup: int,
+                exclude_window: bool, steps: Counted, window: Optional[tuple[int, int]],
+                multi: bool, series: bool,
+                gate_window: Optional[tuple[Any, bool]] = None) -> _Read:
+    """Read each rank's steps once (rankpass.py), in rank order, and take
+    from each what the report needs: its Ranks-table figures, its part of
+    the page, its rows for the straggler check; from the reference rank the
+    Quantities of the summaries' `steps` and of the window, the batch size
+    and, with `gate_window` ((window, excluded) of the title), the step
+    times the gate compares. A rank's steps are let go before the next
+    one's are read, but the reference's, which the FLOP rates and the
+    window need once every rank is in."""
+    out = _Read()
+    ranks = run.ranks
+    index = straggler_steps(ranks, warmup, exclude_window) if multi else None
+    picked: dict[int, Picked] = {}
+    page = PageSeries(rank=ref.rank if ref is not None else None) if series else None
+    medians = []
+    fingerprinted = next((r for r in ranks if r.rank == 0), ranks[0] if ranks else None)
+    for rank in ranks:
+        is_ref = rank is ref
+        counted_steps = rank_counted(rank, warmup, exclude_window=exclude_window)
+        sinks: list[Any] = []
+        if index is not None and counted_steps.count:
+            picked[rank.rank] = Picked(index)
+            sinks.append(picked[rank.rank])
+        chart = SeriesSink(rank.n_steps) if page is not None else None
+        if chart is not None:
+            sinks.append(chart)
+        tally = SampleTally() if is_ref and fingerprinted is ref else None
+        if tally is not None:
+            sinks.append(tally)
+        asked = {}
+        if is_ref:
+            asked[_SUMMARY] = steps
+            inside = window_steps(ref, window)
+            if inside is not None:
+                asked[INSIDE] = inside
+        found = read_pass(rank, asked, sinks, chart.size if chart is not None else 1)
+        out.steady[rank.rank] = steady_of(found, counted_steps)
+        if not multi and rank.status == "running" and rank.n_steps:
+            median = found.median("step", rank_counted(rank, warmup), finite=True)
+            # flops.median_time's: none that is not positive.
+            out.died[rank.rank] = median if median is not None and median > 0.0 else None
+        if page is not None and chart is not None:
+            medians.append(add_rank(page, rank, found, chart.series(), is_ref, warmup,
+                                    exclude_window))
+        if is_ref:
+            out.ref = found
+            out.summary = found.counted[_SUMMARY] if rank.n_steps else None
+            if tally is not None:
+                out.batch = batch_size(*tally.tally())
+            if gate_window is not None:
+                chosen = rank_counted(rank, warmup, gate_window[0], gate_window[1])
+                out.gate_steps = found.times("step", chosen)
+        del found
+    if page is not None:
+        page.medians = medians_of([r.rank for r in ranks], medians)
+        out.page = page
+    if index is not None:
+        with_rows = [rank for rank in ranks if rank.rank in picked]
+        out.straggler = straggler_of(with_rows, index,
+                                     {r: p.rows for r, p in picked.items()})
+    return out
 
 
 #: Advice read from the steps' phases: about the training loop.

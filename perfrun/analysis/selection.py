@@ -97,7 +97,8 @@ class Counted:
         return max(0, self.n - self.first) - inside - (self.skip is not None)
 
     def mask(self) -> Any:
-        keep = np.arange(self.n) >= self.first
+        keep = np.ones(self.n, dtype=bool)
+        keep[:self.first] = False
         keep[self.lo:max(self.lo, self.hi)] = False
         if self.skip is not None:
             keep[self.skip] = False
@@ -107,6 +108,15 @@ class Counted:
         """The counted steps' indices (a step's index is its position in the
         rank's steps: step 0 is the first)."""
         return np.flatnonzero(self.mask())
+
+    def block_mask(self, lo: int, hi: int) -> Any:
+        """Which of steps lo..hi - 1 are counted, as a boolean array: the
+        part of `mask` a pass over the steps a block at a time needs."""
+        index = np.arange(lo, hi)
+        keep = (index >= self.first) & ~((index >= self.lo) & (index < max(self.lo, self.hi)))
+        if self.skip is not None:
+            keep &= index != self.skip
+        return keep
 
     def take(self, table: Any) -> Any:
         """The counted rows of `table` (the rank's steps), column-major: every
@@ -130,6 +140,14 @@ def counted(n: int, warmup: int, window: Window = None,
     if skip is not None and (not first <= skip < n or lo <= skip < hi):
         skip = None
     return Counted(n, first, lo, max(lo, hi), skip)
+
+
+def steps_range(n: int, start: int, stop: int) -> Counted:
+    """Steps [start, stop) of a rank of `n` steps as a Counted (the steps
+    from `start` less those from `stop` on), so that a pass can gather them
+    as it gathers the counted steps."""
+    start = max(0, min(start, n))
+    return Counted(n, start, max(start, min(stop, n)), n)
 
 
 def rank_counted(rank: RankResult, warmup: int, window: Window = None,

@@ -12,7 +12,9 @@ MAX_BUCKETS steps, consecutive steps are grouped into equal buckets: the
 stacked phases are each bucket's mean (so they still add up to its mean
 step time) and the step time's min and max in each bucket are kept as an
 envelope, so a single slow step is never averaged away. Distributions are
-kept as their quartiles, never as the points.
+kept as their quartiles, never as the points. The buckets are taken as the
+pass over a rank's steps reads them (rankpass.py), a block of whole
+buckets at a time, so the series costs no second read of the rank.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from typing import Any, Optional
 import numpy as np
 
 from perfrun.analysis import columns
-from perfrun.analysis.selection import profiled_steps, rank_counted, rank_window
+from perfrun.analysis.rankpass import Block, RankPass
+from perfrun.analysis.selection import Counted, profiled_steps, rank_counted, rank_window
 from perfrun.store.rankfile import RankResult
-from perfrun.store.results import RunResults
 from perfrun.store.stepfile import COL, PHASES
 
 #: At most this many points per series in the step-time chart: beyond it,
@@ -39,6 +41,11 @@ MAX_BUCKETS = 2000
 QUANTITIES = (*PHASES, "others")
 #: The quantities of each rank's medians: those, then the whole step.
 MEDIAN_QUANTITIES = (*QUANTITIES, "step")
+
+
+def bucket_size(n: int, max_points: int = MAX_BUCKETS) -> int:
+    """Steps per point of the step chart of `n` steps."""
+    return max(1, math.ceil(n / max_points)) if n else 1
 
 
 def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
@@ -53,20 +60,27 @@ def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
     step's phases add up to its time.
     """
     n = int(table.shape[0])
+    size = bucket_size(n, max_points)
     step = columns.step_times(table)
     parts = {p: columns.phase_times(table, p) for p in PHASES}
-    parts["others"] = columns.others_times(table)
+    part = series_part(0, step, parts, columns.others_times(table, step), table, size)
+    return join_series([part], n, size)
+
+
+def series_part(lo: int, step: Any, phases: dict[str, Any], others: Any, table: Any,
+                size: int) -> dict[str, Any]:
+    """step_series of steps lo.. (`table`, with their times `step`, `phases`
+    and `others`: columns.py), in buckets of `size` steps; `lo` is a multiple
+    of `size`. A bucket's figures are its own steps' alone, so the parts of
+    a pass over the steps a block at a time join (join_series) into the
+    series of them all, to the last digit."""
+    n = int(table.shape[0])
+    parts = dict(phases, others=others)
     excluded = columns.num(table[:, COL["excluded"]])
-    size = max(1, math.ceil(n / max_points)) if n else 1
     if size == 1:
         return {
-            "x": list(range(n)),
-            "size": 1,
-            "n": n,
-            "phases": {k: v for k, v in parts.items()},
+            "phases": parts,
             "step": step,
-            "min": step,
-            "max": step,
             "excluded": excluded,
             "excluded_steps": (excluded > 0).astype(np.int64),
         }
@@ -77,9 +91,7 @@ def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
         return np.add.reduceat(values, starts) / counts
 
     return {
-        "x": starts.tolist(),
-        "size": size,
-        "n": n,
+        "x": (lo + starts).tolist(),
         "phases": {k: mean(v) for k, v in parts.items()},
         "step": mean(step),
         "min": np.minimum.reduceat(step, starts),
@@ -87,6 +99,65 @@ def step_series(table: Any, max_points: int = MAX_BUCKETS) -> dict[str, Any]:
         "excluded": np.add.reduceat(excluded, starts),
         "excluded_steps": np.add.reduceat((excluded > 0).astype(np.int64), starts),
     }
+
+
+def join_series(parts: Sequence[dict[str, Any]], n: int, size: int) -> dict[str, Any]:
+    """The series_part of consecutive blocks of `n` steps as step_series."""
+
+    def joined(key: str) -> Any:
+        arrays = [p[key] for p in parts]
+        if len(arrays) == 1:
+            return arrays[0]
+        return np.concatenate(arrays) if arrays else np.empty(0)
+
+    def joined_phase(key: str) -> Any:
+        arrays = [p["phases"][key] for p in parts]
+        if len(arrays) == 1:
+            return arrays[0]
+        return np.concatenate(arrays) if arrays else np.empty(0)
+
+    phases = {k: joined_phase(k) for k in QUANTITIES}
+    if size == 1:
+        step = joined("step")
+        return {
+            "x": list(range(n)),
+            "size": 1,
+            "n": n,
+            "phases": phases,
+            "step": step,
+            "min": step,
+            "max": step,
+            "excluded": joined("excluded"),
+            "excluded_steps": joined("excluded_steps"),
+        }
+    return {
+        "x": [x for p in parts for x in p["x"]],
+        "size": size,
+        "n": n,
+        "phases": phases,
+        "step": joined("step"),
+        "min": joined("min"),
+        "max": joined("max"),
+        "excluded": joined("excluded"),
+        "excluded_steps": joined("excluded_steps"),
+    }
+
+
+class SeriesSink:
+    """A pass's sink (rankpass.py) that gathers step_series of a rank's
+    steps a block at a time: the pass's blocks hold whole buckets."""
+
+    def __init__(self, n: int, max_points: int = MAX_BUCKETS) -> None:
+        self.n = n
+        self.size = bucket_size(n, max_points)
+        self.parts: list[dict[str, Any]] = []
+
+    def __call__(self, block: Block) -> None:
+        self.parts.append(series_part(block.lo, block.step, block.phases, block.others,
+                                      block.table, self.size))
+
+    def series(self) -> dict[str, Any]:
+        return join_series(self.parts, self.n, self.size)
 
 
 def box_stats(values: Any) -> Optional[dict[str, float]]:
@@ -108,23 +179,14 @@ def box_stats(values: Any) -> Optional[dict[str, float]]:
     }
 
 
-def _medians(table: Any) -> list[Optional[float]]:
+def _medians(steps: RankPass, counted: Counted) -> list[Optional[float]]:
     """A rank's median time per step in each of MEDIAN_QUANTITIES, over its
-    counted steps (`table`); None where it has none. Medians, not means: one
-    slow step (a checkpoint, a GC pause) must not make a rank look slow in a
+    `counted` steps; None where it has none. Medians, not means: one slow
+    step (a checkpoint, a GC pause) must not make a rank look slow in a
     phase."""
-    if not table.shape[0]:
+    if not counted.count:
         return [None] * len(MEDIAN_QUANTITIES)
-    row: list[Optional[float]] = []
-    for q in MEDIAN_QUANTITIES:
-        if q == "step":
-            series = columns.step_times(table)
-        elif q == "others":
-            series = columns.others_times(table)
-        else:
-            series = columns.phase_times(table, q)
-        row.append(float(np.median(series)))
-    return row
+    return [steps.median(q, counted) for q in MEDIAN_QUANTITIES]
 
 
 def medians_of(ranks: Sequence[int], values: Sequence[Sequence[Optional[float]]]
@@ -169,26 +231,18 @@ class PageSeries:
         return next((b for r, b in self.boxes if r == rank), None)
 
 
-def page_series(run: RunResults, ref: Optional[RankResult], warmup: int,
-                exclude_window: bool) -> PageSeries:
-    """The page's numbers: `ref` is the reference rank, `warmup` and
-    `exclude_window` the rule its summaries were counted by. Each rank's
-    steps are read once and let go before the next's are read (a rank in a
-    step file is read again at each use: a report over many long ranks
-    holds one rank at a time)."""
-    out = PageSeries(rank=ref.rank if ref is not None else None)
-    medians = [_add_rank(out, rank, rank is ref, warmup, exclude_window) for rank in run.ranks]
-    out.medians = medians_of([r.rank for r in run.ranks], medians)
-    return out
-
-
-def _add_rank(out: PageSeries, rank: RankResult, is_ref: bool, warmup: int,
-              exclude_window: bool) -> list[Optional[float]]:
-    """One rank's part of the page, added to `out`; its medians returned.
-    A function of its own so that its steps are let go on return."""
-    table = rank.table
-    counted = rank_counted(rank, warmup, exclude_window=exclude_window).take(table)
-    times = columns.step_times(counted)
+def add_rank(out: PageSeries, rank: RankResult, steps: RankPass, series: dict[str, Any],
+             is_ref: bool, warmup: int, exclude_window: bool) -> list[Optional[float]]:
+    """One rank's part of the page, added to `out`, from the pass over its
+    steps (rankpass.py) and the series its SeriesSink gathered on the way;
+    its medians returned (for medians_of, once every rank is in).
+    `is_ref`: the reference rank (the one the summaries show), `warmup` and
+    `exclude_window` the rule its summaries were counted by. build_report
+    makes one pass over each rank for every figure, and hands each here
+    before it lets the rank's steps go: a report over many long ranks holds
+    one rank at a time."""
+    counted = rank_counted(rank, warmup, exclude_window=exclude_window)
+    times = steps.times("step", counted)
     stats = box_stats(times)
     if stats:
         out.boxes.append((rank.rank, stats))
@@ -196,11 +250,9 @@ def _add_rank(out: PageSeries, rank: RankResult, is_ref: bool, warmup: int,
     trace = summary.get("trace") if isinstance(summary, dict) else None
     if trace:
         out.traces.append((rank.rank, str(trace)))
-    medians = _medians(counted)
-    del counted
+    medians = _medians(steps, counted)
     if not rank.n_steps:
         return medians
-    series = step_series(table)
     if not is_ref:
         out.others.append((rank.rank, {"x": series["x"], "step": series["step"]}))
         return medians

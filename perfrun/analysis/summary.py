@@ -16,13 +16,14 @@ Conventions:
   add up to the step time by construction. The runtime measures exclusive
   phases inside the step's span, so Others cannot be negative except by float
   noise, which is clamped to zero; a step whose phases exceed it by more than
-  `OVERSHOOT_TOLERANCE` is counted and reported as a note, never hidden.
+  `columns.OVERSHOOT_TOLERANCE` is counted and reported as a note, never hidden.
 * Model Summary Avg / Max / Min are **per step**, not per call: "Forward
   avg 12 ms" means a step spends 12 ms in forward, however many forward calls
   (micro-batches, GAN halves) it makes. Per-step figures are what add up to
   the step time; per-call figures would not.
-* Steps arrive as a table (analysis/columns.py), or as rows of lists in
-  tests and hand-built results.
+* Steps arrive as their Quantities (analysis/columns.py: each step's
+  times, computed once, by a pass over a long rank a block at a time), as a
+  table, or as rows of lists in tests and hand-built results.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis import columns
+from perfrun.analysis.columns import quantities
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.store.stepfile import PHASES
 
@@ -44,9 +45,6 @@ PHASE_TITLES = {
     "optimization": "Optimization",
 }
 
-#: Phases exceeding their step by more than this (seconds) are not float
-#: noise: the step is counted in `ModelSummary.overshoot_steps`.
-OVERSHOOT_TOLERANCE = 1e-6
 
 
 # -- Perf Summary ---------------------------------------------------------------
@@ -98,23 +96,21 @@ class PerfSummary:
 
 
 def perf_summary(rows: Any) -> PerfSummary:
-    """From the counted steps: a table (columns.py) or rows as lists."""
-    t = columns.as_table(rows)
-    n = int(t.shape[0])
-    times = columns.step_times(t)
-    batch = Stats.of(times)
-    reader = Stats.of(columns.phase_times(t, "dataloader"))
+    """From the counted steps: their Quantities (columns.py), a table or
+    rows as lists."""
+    q = quantities(rows)
+    n = q.n
+    times = q.step
+    batch = q.stats("step")
+    reader = q.stats("dataloader")
     total = batch.total or 0.0
     positive = times > 0.0
     with np.errstate(divide="ignore"):
         ips = Rate.from_totals(n, total, 1.0 / times[positive])
     samples_ips: Optional[Rate] = None
-    counts = columns.samples(t)
-    if n and not np.isnan(counts).any():
-        with np.errstate(divide="ignore"):
-            samples_ips = Rate.from_totals(
-                float(counts.sum()), total, counts[positive] / times[positive]
-            )
+    tallies = q.tallies
+    if n and tallies.samples_known:
+        samples_ips = Rate.from_totals(tallies.samples_total, total, tallies.sample_rates)
     if not n:
         ratio: Optional[float] = None
     elif total <= 0.0 or reader.avg is None or batch.avg is None:
@@ -122,7 +118,7 @@ def perf_summary(rows: Any) -> PerfSummary:
     else:
         ratio = reader.avg / batch.avg
     return PerfSummary(
-        dataloader_calls=columns.phase_calls(t, "dataloader") if n else None,
+        dataloader_calls=tallies.calls["dataloader"] if n else None,
         steps=n,
         reader_cost=reader,
         batch_cost=batch,
@@ -258,14 +254,14 @@ def _ratio(part: Optional[float], whole: Optional[float]) -> Optional[float]:
 
 
 def model_summary(rows: Any) -> ModelSummary:
-    """From the counted steps: a table (columns.py) or rows as lists."""
-    t = columns.as_table(rows)
-    n = int(t.shape[0])
-    step = Stats.of(columns.step_times(t))
-    has_gpu_mask = columns.gpu_mask(t)
-    has_gpu = bool(has_gpu_mask.any())
-    g = t[has_gpu_mask]
-    gpu_step = Stats.of(columns.gpu_step_times(g)) if has_gpu else None
+    """From the counted steps: their Quantities (columns.py), a table or
+    rows as lists."""
+    q = quantities(rows)
+    n = q.n
+    step = q.stats("step")
+    g = q.gpu
+    has_gpu = g is not None
+    gpu_step = Stats.of(g.step) if g is not None else None
 
     def gpu_pair(values: Any) -> tuple[Optional[Stats], Optional[float]]:
         if gpu_step is None:
@@ -280,21 +276,19 @@ def model_summary(rows: Any) -> ModelSummary:
         )
     ]
     for phase in PHASES:
-        cpu = Stats.of(columns.phase_times(t, phase))
-        calls = columns.phase_calls(t, phase)
-        gpu, gpu_ratio = gpu_pair(columns.gpu_phase_times(g, phase) if has_gpu else None)
+        cpu = q.stats(phase)
+        calls = q.tallies.calls[phase]
+        gpu, gpu_ratio = gpu_pair(g.phases[phase] if g is not None else None)
         out.append(
             ModelRow(PHASE_TITLES[phase], calls, cpu, _ratio(cpu.total, step.total), gpu, gpu_ratio)
         )
-    others = Stats.of(columns.others_times(t))
-    gpu, gpu_ratio = gpu_pair(columns.gpu_others_times(g) if has_gpu else None)
+    others = q.stats("others")
+    gpu, gpu_ratio = gpu_pair(g.others if g is not None else None)
     out.append(ModelRow("Others", None, others, _ratio(others.total, step.total), gpu, gpu_ratio))
-    excess = columns.overshoots(t)
-    over = excess[excess > OVERSHOOT_TOLERANCE]
     return ModelSummary(
         steps=n,
         rows=out,
         has_gpu=has_gpu,
-        overshoot_steps=int(over.size),
-        overshoot_max=float(over.max()) if over.size else 0.0,
+        overshoot_steps=q.tallies.overshoot_steps,
+        overshoot_max=q.tallies.overshoot_max,
     )

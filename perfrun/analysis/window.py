@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis import columns
-from perfrun.analysis.selection import rank_counted
+from perfrun.analysis.rankpass import RankPass, read_pass
+from perfrun.analysis.selection import Counted, rank_counted, steps_range
 from perfrun.analysis.summary import ModelSummary, model_summary
 from perfrun.analysis.trace import summarize
 from perfrun.store.layout import nsys_report
@@ -162,44 +162,60 @@ class WindowReport:
         }
 
 
-def window_report(
-    ranks: Sequence[RankResult],
-    ref: Optional[RankResult],
-    window: Optional[tuple[int, int]],
-    warmup: int,
-    table: Any = None,
-) -> Optional[WindowReport]:
-    """The window's tables, from the ranks' window summaries, and how much
-    slower its steps ran than the others. `table`: `ref`'s steps, when the
-    caller has read them already."""
+#: The name the window's steps are asked of a pass under (rankpass.py).
+INSIDE = "window"
+
+
+def window_steps(ref: Optional[RankResult], window: Optional[tuple[int, int]]
+                 ) -> Optional[Counted]:
+    """The window's steps of `ref`, whose Quantities window_report takes
+    from the pass over its steps; None when there is no window report to
+    make (no window, or a timer-only run: no profiler ran in it)."""
     if window is None or ref is None:
         return None
     settings = ref.data.get("settings") or {}
     if settings.get("timer_only"):
         return None
+    return steps_range(ref.n_steps, window[0], window[1])
+
+
+def window_report(
+    ranks: Sequence[RankResult],
+    ref: Optional[RankResult],
+    window: Optional[tuple[int, int]],
+    warmup: int,
+    steps: Optional[RankPass] = None,
+) -> Optional[WindowReport]:
+    """The window's tables, from the ranks' window summaries, and how much
+    slower its steps ran than the others. `steps`: the pass over `ref`'s
+    steps (rankpass.py) that gathered the Quantities of its window_steps
+    under INSIDE, when the caller has made it already."""
+    inside_steps = window_steps(ref, window)
+    if inside_steps is None or ref is None or window is None:
+        return None
+    settings = ref.data.get("settings") or {}
     start, end = window
     report = WindowReport(window=(start, end))
     for rank in ranks:
         summary = rank.data.get("window_summary")
         if isinstance(summary, dict):
             report.ranks.append(RankWindow(rank.rank, summary))
-    if table is None:
-        table = ref.table
-    n_steps = int(table.shape[0])
-    inside = table[start:max(start, min(end, n_steps))]
+    if steps is None:
+        steps = read_pass(ref, {INSIDE: inside_steps})
+    n_steps = steps.n
+    inside = steps.counted[INSIDE]
     first = start
     profiled = ref.data.get("profiled")
     if isinstance(profiled, (list, tuple)) and len(profiled) == 2 and isinstance(profiled[0], int):
         first = min(start, profiled[0])  # the profiler's warm-up step is no outside step
-    outside = rank_counted(ref, warmup, (first, end)).take(table)
-    if inside.shape[0]:
+    times = steps.times("step", rank_counted(ref, warmup, (first, end)))
+    if inside.n:
         report.model = model_summary(inside)
-        report.window_median = float(np.median(columns.step_times(inside)))
-        report.window_count = int(inside.shape[0])
-    if outside.shape[0]:
-        times = columns.step_times(outside)
+        report.window_median = float(np.median(inside.step))
+        report.window_count = inside.n
+    if times.size:
         report.outside_median = float(np.median(times))
-        report.outside_count = int(outside.shape[0])
+        report.outside_count = int(times.size)
         if report.outside_median > 0:
             q1, q3 = np.percentile(times, [25, 75])
             report.outside_spread = float((q3 - q1) / 2 / report.outside_median)

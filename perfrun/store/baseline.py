@@ -55,26 +55,60 @@ BASELINE_FILE = Obj({
 COMPARED = ("gpus", "driver", "cuda", "torch", "python", "world_size", "batch_size", "script")
 
 
-def fingerprint(run: RunResults, table: Any = None) -> dict[str, Any]:
+def batch_size(samples: Any, counts: Any = None) -> Optional[float]:
+    """The batch size a fingerprint records: the median of the samples per
+    step of the steps that know theirs (not NaN, not 0), an int when whole;
+    None when none does. `samples`: the column, or with `counts` the
+    distinct values and how many steps had each (a pass over a long rank
+    tallies them rather than hold the column): the same median, taken
+    from the tally."""
+    import numpy as np
+
+    values = np.asarray(samples, dtype=np.float64)
+    known = np.isfinite(values) & (values != 0)
+    if counts is None:
+        values = values[known]
+        if not values.size:
+            return None
+        median = float(np.median(values))
+    else:
+        values, counts = values[known], np.asarray(counts, dtype=np.int64)[known]
+        total = int(counts.sum())
+        if not total:
+            return None
+        order = np.argsort(values, kind="stable")
+        values, ends = values[order], np.cumsum(counts[order])
+        # The middle value(s) of the sorted steps, as numpy's median takes
+        # them: the one at total // 2, and for an even count the mean of it
+        # and the one before.
+        upper = float(values[np.searchsorted(ends, total // 2, side="right")])
+        if total % 2:
+            median = upper
+        else:
+            lower = float(values[np.searchsorted(ends, total // 2 - 1, side="right")])
+            median = float(np.mean([lower, upper]))
+    return int(median) if median.is_integer() else median
+
+
+#: fingerprint()'s `batch`: not given, so read from rank 0's steps.
+READ = object()
+
+
+def fingerprint(run: RunResults, table: Any = None, batch: Any = READ) -> dict[str, Any]:
     """The environment a run was measured in: what must agree for two runs
     to be compared (COMPARED), and what helps a reader (host, command, git
     state), from rank 0's document and run.json. `table`: rank 0's steps,
-    when the caller has read them already."""
-    import numpy as np
-
+    when the caller has read them already; `batch`: their batch_size, when
+    the caller has found it already."""
     ref = next((r for r in run.ranks if r.rank == 0), run.ranks[0] if run.ranks else None)
     data = ref.data if ref is not None else {}
     env = data.get("env") or {}
     settings = data.get("settings") or {}
     cuda = data.get("cuda") or {}
     device = data.get("device") or {}
-    batch_size = None
-    if ref is not None:
-        column = (ref.table if table is None else table)[:, COL["samples"]]
-        known = column[np.isfinite(column) & (column != 0)]
-        if known.size:
-            median = float(np.median(known))
-            batch_size = int(median) if median.is_integer() else median
+    found = None if batch is READ else batch
+    if ref is not None and batch is READ:
+        found = batch_size((ref.table if table is None else table)[:, COL["samples"]])
     script = settings.get("script") or (
         f"-m {settings.get('module')}" if settings.get("module") else None
     )
@@ -86,7 +120,7 @@ def fingerprint(run: RunResults, table: Any = None) -> dict[str, Any]:
         "torch": env.get("torch"),
         "python": env.get("python"),
         "world_size": run.world_size,
-        "batch_size": batch_size,
+        "batch_size": found,
         "script": script,
         "script_args": list(settings.get("script_args") or []),
         "command": env.get("command"),
@@ -219,11 +253,13 @@ def load_history(path: str) -> list[RunResults]:
     return out
 
 
-def load(path: str, note: Optional[Callable[[str], None]] = None) -> RunResults:
+def load(path: str, note: Optional[Callable[[str], None]] = None,
+         check_steps: bool = True) -> RunResults:
     """A baseline file or a results folder (or a log folder's newest run;
-    `note` as for results.resolve_run_dir)."""
+    `note` as for results.resolve_run_dir; `check_steps` as for
+    results.read_run)."""
     if os.path.isdir(path):
-        return read_run(resolve_run_dir(path, note))
+        return read_run(resolve_run_dir(path, note), check_steps)
     doc = load_json(path, missing="no such file or results folder: {path}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         if isinstance(doc, dict) and doc.get("format") == RESULTS_FORMAT:
@@ -251,8 +287,11 @@ def load(path: str, note: Optional[Callable[[str], None]] = None) -> RunResults:
     )
 
 
-def stored_fingerprint(path: str, run: RunResults) -> dict[str, Any]:
+def stored_fingerprint(path: str, run: RunResults,
+                       found: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The fingerprint a baseline file stored, else the run's (`found`: the
+    one the caller took already)."""
     doc = None if os.path.isdir(path) else _read_doc(path)
     if doc is not None and isinstance(doc.get("fingerprint"), dict):
         return doc["fingerprint"]
-    return fingerprint(run)
+    return found if found is not None else fingerprint(run)

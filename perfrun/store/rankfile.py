@@ -56,7 +56,17 @@ from .schema import (
     shown,
     type_name,
 )
-from .stepfile import COL, REQUIRED_COLUMNS, STEP_COLUMNS, StepFileError, damage, read_table
+from .stepfile import (
+    COL,
+    READ_ROWS,
+    REQUIRED_COLUMNS,
+    STEP_COLUMNS,
+    StepFileError,
+    blocks,
+    damage,
+    read_header,
+    read_table,
+)
 
 FORMAT = "perfrun-results"
 VERSION = 2
@@ -473,11 +483,20 @@ class RankResult:
     with NaN for a value not recorded: for a rank in format 2 it is mapped
     from its step file, so reading a rank costs no memory until its steps
     are used. `rows` gives the same steps as lists (None for missing), made
-    when first asked for: the analysis works on `table`; `rows` is for
-    callers that want a few steps in hand, or hand-built results.
+    when first asked for: the analysis works on `table`, or on `blocks`
+    (the steps a block at a time, for a pass that reads a long rank once
+    and holds one block); `rows` is for callers that want a few steps in
+    hand, or hand-built results.
+
+    A step file's rows are checked (stepfile.damage) before any of them is
+    used: when the rank is read (`validate`), or, for a reader that passes
+    over every step anyway (`check_steps=False`: a report), during its
+    first pass over `blocks`, so that the file is read once. Until then
+    every other way to the steps checks them first.
     """
 
-    __slots__ = ("path", "data", "steps_file", "steps_note", "_rows", "_table", "_n")
+    __slots__ = ("path", "data", "steps_file", "steps_note", "_rows", "_table", "_n",
+                 "_unchecked", "_limit")
 
     def __init__(
         self,
@@ -488,6 +507,8 @@ class RankResult:
         steps_file: Optional[str] = None,
         n_steps: Optional[int] = None,
         steps_note: Optional[str] = None,
+        unchecked: bool = False,
+        limit: Optional[float] = None,
     ) -> None:
         self.path = path
         self.data = data
@@ -500,6 +521,13 @@ class RankResult:
         self._rows = None if rows is None and held else list(rows or [])
         self._table = table
         self._n = n_steps
+        #: The step file's rows are still to be checked, and the time no
+        #: step may end after (the rank's final save), for that check.
+        self._unchecked = unchecked and steps_file is not None
+        self._limit = limit
+
+    def _from_file(self) -> bool:
+        return self._table is None and self.steps_file is not None and self._rows is None
 
     @property
     def table(self) -> Any:
@@ -509,17 +537,54 @@ class RankResult:
         if self._table is not None:
             return self._table
         if self.steps_file is not None and self._rows is None:
+            self.check()
             table = read_table(self.steps_file)
             return table[: self._n] if self._n is not None else table
         self._table = rows_table(self._rows or [])
         return self._table
 
+    def blocks(self, rows: int = READ_ROWS) -> Any:
+        """The steps `rows` at a time: (index of the block's first step,
+        array of (rows, STEP_COLUMNS)), in order. From a step file, the file
+        is read once into one buffer (an array given is valid until the next
+        is asked for; copy what is kept), and its rows are checked on the
+        way when they were not on reading. Raises ResultsError."""
+        path = self.steps_file
+        if not self._from_file() or path is None:
+            table = self.table
+            for lo in range(0, int(table.shape[0]), rows):
+                yield lo, table[lo:lo + rows]
+            return
+        check = self._unchecked
+        previous: Optional[float] = None
+        try:
+            for lo, block in blocks(path, self.n_steps, rows):
+                if check:
+                    why = damage(block, lo, previous, self._limit)
+                    if why is not None:
+                        raise ResultsError(f"cannot read {path}: {why}: the file is damaged")
+                    previous = float(block[-1, COL["end"]])
+                yield lo, block
+        except StepFileError as exc:
+            raise ResultsError(str(exc), exc.kind) from None
+        self._unchecked = False
+
+    def check(self) -> None:
+        """Check the step file's rows now, if they are still to be checked
+        (a pass over the file, one block held at a time). Raises
+        ResultsError."""
+        if self._unchecked:
+            for _ in self.blocks():
+                pass
+
     def mapped(self) -> Any:
         """The steps as an array that reads from the step file only the rows
         looked at (memory-mapped; a bisection over a million steps reads a
         few pages), or the table held."""
-        if self._table is None and self.steps_file is not None and self._rows is None:
-            return read_table(self.steps_file, mapped=True)[: self.n_steps]
+        path = self.steps_file
+        if self._from_file() and path is not None:
+            self.check()
+            return read_table(path, mapped=True)[: self.n_steps]
         return self.table
 
     def take(self, index: Any) -> Any:
@@ -527,8 +592,10 @@ class RankResult:
         their own; from a step file, mapped, so only those steps are read."""
         import numpy as np
 
-        if self._table is None and self.steps_file is not None and self._rows is None:
-            return np.array(read_table(self.steps_file, mapped=True)[index])
+        path = self.steps_file
+        if self._from_file() and path is not None:
+            self.check()
+            return np.array(read_table(path, mapped=True)[index])
         return np.asarray(self.table)[index]
 
     @property
@@ -601,16 +668,21 @@ def rows_table(rows: Any) -> Any:
     return np.array(rows, dtype=np.float64)
 
 
-def read_rank_file(path: str) -> RankResult:
-    return validate(load_json(path), path)
+def read_rank_file(path: str, check_steps: bool = True) -> RankResult:
+    """A rank file read and checked (`validate`); `check_steps=False` leaves
+    its step file's rows to be checked on the first pass over them."""
+    return validate(load_json(path), path, check_steps=check_steps)
 
 
-def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int, Optional[str]]:
+def _step_file(data: dict[str, Any], path: str, where: str, check: bool = True
+               ) -> tuple[str, int, Optional[str], Optional[float]]:
     """The step file a format-2 rank names (beside the rank file), checked
-    against the rank file and row by row (stepfile.damage), a block of
-    steps at a time so that checking a long rank holds no more than a
-    block: its path, how many of its steps the rank stands for, and, when
-    that is not every step the rank file counts, a line saying which.
+    against the rank file and, unless `check` is false, row by row
+    (stepfile.damage), a block of steps at a time so that checking a long
+    rank holds no more than a block: its path, how many of its steps the
+    rank stands for, when that is not every step the rank file counts a
+    line saying which, and the time no step may end after (for the check
+    of the rows, when it is left to the first pass over them).
 
     The rank file is rewritten after each append to the step file, so the
     step file holds at least the steps the rank file counts (`steps.count`):
@@ -626,10 +698,17 @@ def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int, O
         raise SchemaError(f"{where}steps.file", "a file name beside the rank file", shown(name))
     step_path = os.path.join(os.path.dirname(os.path.abspath(path)), name)
     try:
-        table = read_table(step_path, mapped=True)
+        meta, offset = read_header(step_path)
+        width = len(meta["columns"])
+        missing = [c for c in REQUIRED_COLUMNS if c not in meta["columns"]]
+        if missing:
+            raise StepFileError(f"{step_path} has no {missing[0]!r} column")
+        size = os.path.getsize(step_path)
     except StepFileError as exc:
         raise ResultsError(str(exc), exc.kind) from None
-    held = int(table.shape[0])
+    except OSError as exc:
+        raise ResultsError(f"cannot read {step_path}: {exc.strerror or exc}") from None
+    held = max(0, size - offset) // (8 * width)
     count = data["steps"].get("count")
     final = data.get("status") != "running"
     n, note = held, None
@@ -648,14 +727,10 @@ def _step_file(data: dict[str, Any], path: str, where: str) -> tuple[str, int, O
                     "out of this report")
     elapsed = data.get("elapsed")
     limit = float(elapsed) if final and isinstance(elapsed, (int, float)) else None
-    block = 1 << 16
-    for lo in range(0, n, block):
-        part = table[lo:min(n, lo + block)]
-        previous = float(table[lo - 1, COL["end"]]) if lo else None
-        why = damage(part, lo, previous, limit)
-        if why is not None:
-            raise ResultsError(f"cannot read {step_path}: {why}: the file is damaged")
-    return step_path, n, note
+    if check:  # as a pass over the steps left to check would check them
+        RankResult(path, data, steps_file=step_path, n_steps=n, unchecked=True,
+                   limit=limit).check()
+    return step_path, n, note, limit
 
 
 def _steps(n: int) -> str:
@@ -671,11 +746,14 @@ def _range(lo: int, hi: int) -> str:
 _ROW_VALUE_TYPES = frozenset((int, float, type(None)))
 
 
-def validate(data: Any, path: str, where: str = "") -> RankResult:
+def validate(data: Any, path: str, where: str = "", check_steps: bool = True) -> RankResult:
     """Check a rank document by type (schema.RANK_FILE) before anything reads
     it, so a damaged file is one line naming the file and the field, never a
     traceback from deep inside a report. `where` prefixes field paths of a
-    document held inside another file (`ranks[0]` of a baseline)."""
+    document held inside another file (`ranks[0]` of a baseline).
+    `check_steps=False`: the rows of its step file are checked on the first
+    pass over them (RankResult.blocks), for a reader that makes one anyway
+    and so reads the file once, not twice."""
     label = f"{path} ({where})" if where else path
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ResultsError(f"{label} is not a perfrun results file")
@@ -693,9 +771,10 @@ def validate(data: Any, path: str, where: str = "") -> RankResult:
         check(data, RANK_FILE, where)
         steps = data.get("steps") or {}
         if isinstance(steps, dict) and "file" in steps:
-            step_path, n, note = _step_file(data, path, f"{where}." if where else "")
+            step_path, n, note, limit = _step_file(data, path, f"{where}." if where else "",
+                                                   check_steps)
             return RankResult(path=path, data=data, steps_file=step_path, n_steps=n,
-                              steps_note=note)
+                              steps_note=note, unchecked=not check_steps, limit=limit)
         rows = _checked_rows(steps, f"{where}.steps" if where else "steps")
     except SchemaError as exc:
         raise ResultsError(f"cannot read {path}: {exc}") from None

@@ -75,9 +75,11 @@ def never_imported_torch(run: RunResults) -> bool:
     )
 
 
-def read_run(run_dir: str) -> RunResults:
+def read_run(run_dir: str, check_steps: bool = True) -> RunResults:
     """Read and merge a run folder (the live path and `perfrun report` both
-    come through here, so what is printed after a run can be reproduced)."""
+    come through here, so what is printed after a run can be reproduced).
+    `check_steps=False`: each step file's rows are checked on the first pass
+    over them (rankfile.validate), for a report, which reads each once."""
     if not os.path.isdir(run_dir):
         raise ResultsError(not_a_run_folder(run_dir), MISSING if not os.path.exists(run_dir)
                            else DAMAGED)
@@ -87,7 +89,7 @@ def read_run(run_dir: str) -> RunResults:
         raise ResultsError(f"{run_dir} holds no perfrun results (no rank*.json)")
     by_rank: dict[int, RankResult] = {}
     for path in paths:
-        result = read_rank_file(path)
+        result = read_rank_file(path, check_steps)
         current = by_rank.get(result.rank)
         if current is None or result.restart >= current.restart:
             by_rank[result.rank] = result
