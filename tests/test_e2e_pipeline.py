@@ -159,10 +159,11 @@ def test_the_workers_it_recommends_give_the_step_it_predicts(
     # and the step is not far shorter than predicted (the advice did not
     # undersell it). On a machine loaded by other tests the perfrun run the
     # advice came from and the timed runs see different load: a factor of
-    # 2 either way (measured: 0.43 against a prediction of 0.75 under load,
-    # 0.6 against 0.6 on an idle machine).
+    # 2.5 either way (measured: 0.43 against a prediction of 0.75 under load,
+    # 0.34 against 0.68 in a CI run with both cores busy, 0.6 against 0.6 on
+    # an idle machine).
     assert 1 - measured >= 0.4 * (1 - predicted), figures
-    assert measured > predicted / 2.0, figures
+    assert measured > predicted / 2.5, figures
 
 
 # -- workers: their waits, their table, a slow one --------------------------------------------
