@@ -5,7 +5,7 @@ memory that creeps, and the out-of-memory errors. Pure functions over plain
 data.
 
 Steady figures are medians over the sampled steps past the warm-up and the
-run's first tenth (memory.steady_points' span): a step's peak per phase is a
+run's first tenth (memory.steady_start): a step's peak per phase is a
 maximum already; the median over steps says what a steady step needs, not
 what the one worst step did (the first step, a checkpoint).
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Optional
 
-from perfrun.analysis.memory import Creep, creep, steady_points
+from perfrun.analysis.memory import Creep, creep, steady_points, steady_start
 from perfrun.store.schema import as_int
 
 #: The buckets of a sampled row (runtime/allocator.BUCKETS), as the report
@@ -123,7 +123,7 @@ def device_memory(rank: int, section: Mapping[str, Any], warmup: int,
     oom = section.get("oom") if isinstance(section.get("oom"), Mapping) else None
     if not rows and oom is None:
         return None
-    start = max(warmup, int(last_step * 0.1))
+    start = steady_start(warmup, last_step)
     steady = [r for r in rows if start <= r[0] <= last_step] or rows
     phases = []
     for b, name in enumerate(buckets):
@@ -146,8 +146,7 @@ def device_memory(rank: int, section: Mapping[str, Any], warmup: int,
         b = max(range(6), key=lambda i: worst[3 + i])
         fragmentation = max(0, worst[9 + b] - worst[3 + b])
     total = as_int(section.get("total"))
-    points = [(r[0], r[1]) for r in rows]
-    growing = creep(steady_points([list(p) for p in points], warmup, last_step), total)
+    growing = creep(steady_points([r[:2] for r in rows], warmup, last_step), total)
     return DeviceMemory(
         rank=rank,
         device=as_int(section.get("device")),

@@ -129,11 +129,16 @@ def placed(points: Sequence[Sequence[int]], starts: Sequence[float],
     return out
 
 
+def steady_start(warmup: int, last_step: int) -> int:
+    """The first steady step for memory: past the warm-up and the run's
+    first CREEP_SKIP (allocators, caches and workers fill up there)."""
+    return max(warmup, int(last_step * CREEP_SKIP))
+
+
 def steady_points(points: Sequence[Sequence[int]], warmup: int, last_step: int) -> list[
         tuple[int, int]]:
-    """The (step, bytes) points past the warm-up and the run's first
-    CREEP_SKIP."""
-    start = max(warmup, int(last_step * CREEP_SKIP))
+    """The (step, bytes) points from steady_start on."""
+    start = steady_start(warmup, last_step)
     return [(int(p[0]), int(p[1])) for p in points
             if len(p) == 2 and start <= p[0] <= last_step]
 

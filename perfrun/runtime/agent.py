@@ -305,15 +305,12 @@ class Agent(CudaSide):
             counts = flops.counts
             counted = counts["forward"] + counts["backward"] + counts["optimizer"]
         allocator = self.allocator
-        rows = allocator.rows if allocator is not None else None
-        last = rows[-1] if rows else None
         return {
             "state": rank_state(self.status, self.exit),
             "memory": process.last if process is not None else None,
             "flops": counted,
             # The CUDA allocator's last sampled step (allocator.py).
-            "gpu_memory": None if last is None else {
-                "allocated": last[1], "reserved": last[2], "peak_allocated": max(last[3:9])},
+            "gpu_memory": allocator.latest() if allocator is not None else None,
         }
 
     # -- FLOPs (flops.py) ---------------------------------------------------------

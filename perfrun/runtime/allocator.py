@@ -274,6 +274,16 @@ class AllocatorPhases:
         except Exception as exc:
             self._fault(exc)
 
+    def latest(self) -> Optional[dict[str, int]]:
+        """The last sampled step's memory, bytes: allocated and reserved at
+        its end, its peak allocated (what the tracker points and the
+        metrics endpoint give); None before the first sampled step."""
+        rows = self.rows
+        if not rows:
+            return None
+        last = rows[-1]
+        return {"allocated": last[1], "reserved": last[2], "peak_allocated": max(last[3:9])}
+
     def summary(self) -> dict[str, Any]:
         return {
             "device": self.device,

@@ -377,14 +377,12 @@ class Trackers:
             out[PREFIX + "rss_gib"] = process.last / 2**30
         torch = self.agent.torch
         allocator = self.agent.allocator
-        rows = allocator.rows if allocator is not None else None
-        if rows:
+        latest = allocator.latest() if allocator is not None else None
+        if latest is not None:
             # The last sampled step (runtime/allocator.py): what the Memory
             # Summary is made of, read from the allocator at that step's edges.
-            last = rows[-1]
-            out[PREFIX + "gpu_allocated_gib"] = last[1] / 2**30
-            out[PREFIX + "gpu_reserved_gib"] = last[2] / 2**30
-            out[PREFIX + "gpu_peak_allocated_gib"] = max(last[3:9]) / 2**30
+            for key, value in latest.items():
+                out[f"{PREFIX}gpu_{key}_gib"] = value / 2**30
         elif self.agent.gpu_timer is not None and torch is not None:
             try:
                 device = self.agent.cuda_device()
