@@ -66,6 +66,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "workloads"))
 import loader_mlp  # noqa: E402  (workload (d))
 import many_modules  # noqa: E402  (workloads (e) and (f))
+import mlp  # noqa: E402  (workload (g))
+import small_transformer  # noqa: E402  (workload (b))
+from bench_overhead import median_interval  # noqa: E402
 from bench_hotpath import make_agent  # noqa: E402
 
 KINDS = ("plain", "perfrun", "batch-size", "off", "floor")
@@ -133,6 +136,56 @@ def modules_loop(block: int, blocks: int) -> Loop:
             x, y = data[i % len(data)]
             optimizer.zero_grad()
             loss_fn(model(x), y).backward()
+            optimizer.step()
+            e = clock()
+            marks.append((e - t,))
+            t = e
+        return marks
+
+    run.roots = (type(model), type(loss_fn))  # type: ignore[attr-defined]
+    return run
+
+
+def ordinary_loop(block: int, name: str) -> Loop:
+    """Workload (g), the MNIST-sized MLP with Adam, or (b), the small
+    transformer with AdamW: steps of 1-50 ms, where perfrun's cost is held
+    to a share of the step (1% in the default mode, 0.5% in --timer-only).
+    On a CPU run the default mode's hooks are --timer-only's (the agent's
+    _update_listener: no listener, the clock buffered) once its one counted
+    step of FLOPs has passed, so the hooks timed here are both modes' per
+    step cost; what else the default mode does runs in its flush thread,
+    which these blocks leave out and scripts/bench_overhead.py's whole runs
+    keep in."""
+    if name == "mlp":
+        model, loss_fn, data = mlp.build()
+        make = functools.partial(torch.optim.Adam, lr=1e-3)
+
+        def batch(i: int) -> tuple[Any, Any]:
+            return data[i % len(data)]
+    else:
+        model, loss_fn, tokens = small_transformer.build()
+        make = functools.partial(torch.optim.AdamW, lr=3e-4)
+        vocab = small_transformer.VOCAB
+
+        def batch(i: int) -> tuple[Any, Any]:
+            t = tokens[i % len(tokens)]
+            return t[:, :-1], t[:, 1:].reshape(-1)
+
+    def run(switch: Callable[[], None]) -> list[tuple[float, ...]]:
+        optimizer = make(model.parameters())
+        clock = time.perf_counter
+        marks = []
+        t = clock()
+        for i in range(block):
+            if i == SKIP:
+                switch()
+                t = clock()
+            x, y = batch(i)
+            optimizer.zero_grad(set_to_none=True)
+            out = model(x)
+            if name != "mlp":
+                out = out.reshape(-1, vocab)
+            loss_fn(out, y).backward()
             optimizer.step()
             e = clock()
             marks.append((e - t,))
@@ -238,29 +291,60 @@ def fmt(s: dict[str, float]) -> str:
     return f"{s['median']:+7.2f} us  (quartiles {s['q1']:+.1f} to {s['q3']:+.1f})"
 
 
+#: The loops: (name, kinds of block). The short steps run every kind; the
+#: ordinary ones (1-50 ms) only perfrun against plain, the question there
+#: being the share of the step.
+SHORT = ("loader_mlp", "many_modules", "no_submodules")
+ORDINARY = ("mlp", "small_transformer")
+#: Steps a block of the ordinary loops, after the SKIP: about a second each.
+ORDINARY_BLOCK = {"mlp": 200, "small_transformer": 40}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40, help="rounds (default 40)")
     parser.add_argument("--block", type=int, default=300,
-                        help=f"steps a block (default 300; the first {SKIP} not counted)")
+                        help=f"steps a block of the short loops (default 300; the first {SKIP} "
+                        "not counted)")
+    parser.add_argument("--workloads", default=",".join(SHORT),
+                        help=f"comma-separated, of {','.join(SHORT + ORDINARY)} (default "
+                        "%(default)s)")
     parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
     args = parser.parse_args(argv)
     if args.block <= SKIP + 10 or args.rounds < 1:
         parser.error(f"--block must exceed {SKIP + 10} and --rounds be at least 1")
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(chosen) - set(SHORT + ORDINARY))
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(unknown)}")
 
     torch.set_num_threads(1)
-    loops = {
-        "(d) loader_mlp": loader_loop(args.block),
-        "(e) many_modules": modules_loop(args.block, many_modules.BLOCKS),
-        "(f) no_submodules": modules_loop(args.block, 0),
+    builders: dict[str, tuple[str, Callable[[], Loop], tuple[str, ...]]] = {
+        "loader_mlp": ("(d) loader_mlp", lambda: loader_loop(args.block), KINDS),
+        "many_modules": ("(e) many_modules",
+                         lambda: modules_loop(args.block, many_modules.BLOCKS), KINDS),
+        "no_submodules": ("(f) no_submodules", lambda: modules_loop(args.block, 0), KINDS),
+        "mlp": ("(g) mlp", lambda: ordinary_loop(SKIP + ORDINARY_BLOCK["mlp"], "mlp"),
+                ("plain", "perfrun")),
+        "small_transformer": (
+            "(b) small_transformer",
+            lambda: ordinary_loop(SKIP + ORDINARY_BLOCK["small_transformer"],
+                                  "small_transformer"),
+            ("plain", "perfrun")),
     }
+    loops: dict[str, Loop] = {}
+    kinds_of: dict[str, tuple[str, ...]] = {}
+    for key in chosen:
+        label, build, kinds = builders[key]
+        loops[label] = build()
+        kinds_of[label] = kinds
     results: dict[str, dict[str, list[list[float]]]] = {
-        name: {kind: [] for kind in KINDS} for name in loops
+        name: {kind: [] for kind in kinds_of[name]} for name in loops
     }
     rng = random.Random(0)
     began = time.perf_counter()
     for _ in range(args.rounds):
-        order = [(name, kind) for name in loops for kind in KINDS]
+        order = [(name, kind) for name in loops for kind in kinds_of[name]]
         rng.shuffle(order)
         for name, kind in order:
             results[name][kind].append(run_block(loops[name], kind))
@@ -273,14 +357,21 @@ def main(argv: list[str]) -> int:
         "workloads": {},
     }
     print(f"perfrun's hooks in and out of one process: torch {out['torch']}, python "
-          f"{out['python']}, {out['cpus']} CPUs, {args.rounds} rounds of {args.block}-step "
-          f"blocks, {elapsed:.0f} s, load average {out['load_average']:.2f} at the end")
+          f"{out['python']}, {out['cpus']} CPUs, {args.rounds} rounds, {elapsed:.0f} s, load "
+          f"average {out['load_average']:.2f} at the end")
     print()
     added: dict[str, list[float]] = {}
     for name, kinds in results.items():
         plain = kinds["plain"]
         entry: dict[str, Any] = {"plain_step_us": statistics.median(r[0] for r in plain)}
         print(f"{name}: plain step {entry['plain_step_us']:.1f} us")
+        if "floor" not in kinds:
+            entry.update(share(kinds["perfrun"], plain))
+            print(f"  perfrun's hooks add {entry['added_us']:+.2f} us a step, "
+                  f"{entry['added_pct']:+.3f}% ({entry['confidence']:.0%} interval "
+                  f"{entry['pct_lo']:+.3f} to {entry['pct_hi']:+.3f}%)")
+            out["workloads"][name] = entry
+            continue
         for kind, label in (("perfrun", "perfrun (timer-only) adds"),
                             ("batch-size", "  with --batch-size N"),
                             ("off", "wrappers switched off add"),
@@ -303,15 +394,28 @@ def main(argv: list[str]) -> int:
                 entry["calls"][call] = spread(diffs)
                 print(f"    {call:25s} {fmt(entry['calls'][call])}")
         out["workloads"][name] = entry
-    e, f = added["(e) many_modules"], added["(f) no_submodules"]
-    sub = spread([a - b for a, b in zip(e, f)])
-    out["submodules_1000"] = sub
-    print()
-    print(f"1,000 submodule calls, (e) less (f), round by round: {fmt(sub)}")
+    if "(e) many_modules" in added and "(f) no_submodules" in added:
+        e, f = added["(e) many_modules"], added["(f) no_submodules"]
+        sub = spread([a - b for a, b in zip(e, f)])
+        out["submodules_1000"] = sub
+        print()
+        print(f"1,000 submodule calls, (e) less (f), round by round: {fmt(sub)}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
+
+
+def share(profiled: list[list[float]], plain: list[list[float]]) -> dict[str, float]:
+    """What the hooks add to an ordinary step, round by round: the median
+    difference in us, and the median ratio as a share of the step with its
+    confidence interval (bench_overhead.median_interval: it narrows as
+    rounds are added)."""
+    diffs = [k[0] - p[0] for k, p in zip(profiled, plain)]
+    pcts = [(k[0] / p[0] - 1) * 100 for k, p in zip(profiled, plain)]
+    lo, hi, coverage = median_interval(pcts)
+    return {"added_us": statistics.median(diffs), "added_pct": statistics.median(pcts),
+            "pct_lo": lo, "pct_hi": hi, "confidence": coverage}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ after the other, and reports for each:
 * the script's own step times per tenth of the run (mean) and its slowest
   step in each tenth, against plain python's (a save that stalled the
   script shows here, in the script's stopwatch, not in perfrun's figures);
+* flat over the run: per tenth of the steps, the median and 99th
+  percentile step and the steps over 5 ms, each mode beside python's, with
+  perfrun's saves in that tenth, and the first tenth against the last;
 * the time from the script's last step to perfrun's exit (the report), and
   `perfrun report` of the run folder on its own.
 
@@ -155,6 +158,8 @@ def run_mode(mode: str, steps: int, work: str) -> dict[str, Any]:
         "rss_mib": [(round(t), round(r / MIB, 1)) for t, r in samples],
         "rss_peak_mib": round(peak / MIB, 1),
         "tenths": tenths(own["buckets"]),
+        "tenths_by_step": own.get("tenths_by_step", []),
+        "load": [round(x, 2) for x in os.getloadavg()],
     }
     if mode != "python":
         assert run_dir is not None
@@ -186,6 +191,32 @@ def tenths(buckets: list[list[float]]) -> list[dict[str, float]]:
             "slowest_ms": round(max(b[3] for b in part) * 1e3, 2),
         })
     return out
+
+
+def flat_table(runs: dict[str, dict[str, Any]]) -> str:
+    """Is each mode flat over its run? Per tenth of the steps, by the
+    script's own stopwatch: the median and 99th percentile step, and the
+    steps over 5 ms (on a step of a fraction of a millisecond, a stall),
+    for every mode; perfrun's saves in the same tenth beside them. The
+    first and last tenths side by side answer the question; python's own
+    row says what the machine did without perfrun."""
+    lines = ["flat over the run (per tenth of the steps: median / p99 us, steps over 5 ms; "
+             "saves)"]
+    for mode, result in runs.items():
+        parts = result.get("tenths_by_step") or []
+        saves = [t.get("saves") for t in result.get("flush", [])]
+        cells = []
+        for k, t in enumerate(parts):
+            save = f"; {saves[k]}" if k < len(saves) and saves[k] is not None else ""
+            cells.append(f"{t['median_us']:.0f}/{t['p99_us']:.0f} {t['over_5ms']}{save}")
+        lines.append(f"  {mode:>10}: " + " | ".join(cells))
+        if len(parts) >= 2:
+            a, b = parts[0], parts[-1]
+            lines.append(f"  {'':>10}  first tenth median {a['median_us']:.1f} us, p99 "
+                         f"{a['p99_us']:.1f} us, {a['over_5ms']} over 5 ms; last tenth "
+                         f"{b['median_us']:.1f} us, {b['p99_us']:.1f} us, {b['over_5ms']} "
+                         f"(load {result.get('load')})")
+    return "\n".join(lines)
 
 
 def flush_tenths(flushes: list[tuple[float, dict[str, Any]]]) -> list[dict[str, float]]:
@@ -419,6 +450,8 @@ def main() -> int:
             if rss:
                 print(f"   RSS MiB: first {rss[0]}, median {statistics.median(rss)}, "
                       f"last {rss[-1]}, peak (VmHWM) {result['rss_peak_mib']}", flush=True)
+        if figures["runs"]:
+            print(flat_table(figures["runs"]), flush=True)
         ranked = next((figures["runs"][m] for m in ("default", "timer-only")
                        if m in figures["runs"]), None)
         if args.ranks and ranked is not None:

@@ -69,7 +69,10 @@ class Agent(CudaSide):
         # As the rank file gives them: made once (the settings are frozen),
         # not at every save, where it cost half a millisecond of the GIL.
         self._settings_doc = json.loads(self.settings.to_json())
-        self._platform = platform.platform()
+        # platform.platform() runs `uname -p` and reads python's binary
+        # (5-10 ms): taken by the flush thread (_observers), not on the
+        # script's thread at `import torch`.
+        self._platform: Optional[str] = None
         self.payload = payload
         self.identity = rank_identity(os.environ)
         self.rank = self.identity["rank"]
@@ -136,6 +139,9 @@ class Agent(CudaSide):
         self._pid = os.getpid()
         self.sampler: Optional[DeviceSampler] = None
         self.host_memory: Optional[HostMemory] = None
+        # The CUDA devices' UUIDs, once the script initialised CUDA (for
+        # a sampler made after that).
+        self._cuda_uuids: Optional[list[str]] = None
         # The CUDA allocator (allocator.py): per-phase peaks on sampled
         # steps (default mode), out-of-memory errors, --memory-snapshot.
         self.allocator: Any = None
@@ -200,8 +206,6 @@ class Agent(CudaSide):
             self._setup_gpu_and_nvtx(torch)
             self._setup_flops(torch)
             self._setup_pipeline(torch)
-            self.sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
-            self.host_memory = HostMemory()
             self._setup_trackers()
             self._setup_metrics()
             self._thread = threading.Thread(
@@ -564,7 +568,34 @@ class Agent(CudaSide):
 
     # -- saving -------------------------------------------------------------------
 
+    def _observers(self) -> None:
+        """What watches the rank from beside the script, made by the flush
+        thread as it starts rather than at the script's `import torch`
+        (psutil's and NVML's imports and first readings, the platform: tens
+        of milliseconds the script would otherwise wait for). Their first
+        readings are then taken within a millisecond of what they would
+        have been."""
+        try:
+            self._platform = platform.platform()
+        except Exception as exc:
+            self.record_fault("platform", exc)
+        try:
+            sampler = DeviceSampler(self.notes, job_pid=self.payload.get("launcher_pid"))
+            self.sampler = sampler
+            # CUDA may have started before the sampler existed
+            # (cudaside.py keeps its devices' UUIDs for this).
+            uuids = self._cuda_uuids
+            if uuids is not None:
+                sampler.use_cuda_uuids(uuids)
+        except Exception as exc:
+            self.record_fault("device", exc)
+        try:
+            self.host_memory = HostMemory()
+        except Exception as exc:
+            self.record_fault("memory", exc)
+
     def _flush_loop(self) -> None:
+        self._observers()
         interval = self.settings.flush_interval
         while not self._stop.wait(interval):
             try:

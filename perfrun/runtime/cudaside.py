@@ -31,6 +31,7 @@ class CudaSide:
     restart: int
     tracker: Any
     sampler: Any
+    _cuda_uuids: Any
     cuda: dict[str, Any]
     gpu_timer: Any
     allocator: Any
@@ -81,13 +82,17 @@ class CudaSide:
         except Exception:
             pass
         self._start_allocator(torch)
-        if self.sampler is not None:
-            try:
-                count = torch.cuda.device_count()
-                uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
-                self.sampler.use_cuda_uuids(uuids)
-            except Exception as exc:
-                self.record_fault("device.uuid", exc)
+        try:
+            count = torch.cuda.device_count()
+            uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+            # Kept for a sampler the flush thread makes later (agent.py
+            # _observers); given to the one that exists now.
+            self._cuda_uuids = uuids
+            sampler = self.sampler
+            if sampler is not None:
+                sampler.use_cuda_uuids(uuids)
+        except Exception as exc:
+            self.record_fault("device.uuid", exc)
 
     def _start_allocator(self, torch: Any) -> None:
         """The allocator's parts, once the script has initialised CUDA: the

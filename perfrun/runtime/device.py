@@ -189,6 +189,7 @@ class DeviceSampler:
         self._proc: Any = None
         self._psutil: Any = None
         self._nvml: Any = None
+        self._cuda_uuids: Optional[list[str]] = None
         self.driver: Optional[str] = None
         try:
             import psutil
@@ -324,8 +325,9 @@ class DeviceSampler:
         """CUDA's own UUIDs of the devices this process sees, in CUDA's
         order (the agent passes them once the script initialised CUDA): the
         exact mapping, replacing the one read from the environment."""
-        if self._nvml is None:
-            return
+        if self._nvml is None or uuids == self._cuda_uuids:
+            return  # given twice when CUDA started as the sampler was made
+        self._cuda_uuids = list(uuids)
         visible: list[tuple[int, Any]] = []
         for i, uuid in enumerate(uuids):
             key = self._by_uuid(uuid)

@@ -18,17 +18,23 @@ from benchline import mark, parse, report
 from torch import nn
 
 
+def build() -> tuple[nn.Module, nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The model, its loss and 32 batches (scripts/bench_inprocess.py runs
+    the same loop in blocks)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512),
+                          nn.ReLU(), nn.Linear(512, 10))
+    data = [(torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))) for _ in range(32)]
+    model.train()
+    return model, nn.CrossEntropyLoss(), data
+
+
 def main(argv: list[str]) -> None:
     steps, warmup = parse(argv, __doc__, 2000, 100)
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512),
-                          nn.ReLU(), nn.Linear(512, 10))
-    loss_fn = nn.CrossEntropyLoss()
+    model, loss_fn, data = build()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = [(torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))) for _ in range(32)]
-    model.train()
 
     marks: list[float] = []
     for i in range(warmup + steps):

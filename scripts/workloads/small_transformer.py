@@ -39,16 +39,22 @@ class TinyLM(nn.Module):
         return self.head(self.norm(h))
 
 
+def build() -> tuple[TinyLM, nn.Module, list[torch.Tensor]]:
+    """The model, its loss and 16 batches of tokens (scripts/bench_inprocess.py
+    runs the same loop in blocks)."""
+    torch.manual_seed(0)
+    data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1)) for _ in range(16)]
+    model = TinyLM()
+    model.train()
+    return model, nn.CrossEntropyLoss(), data
+
+
 def main(argv: list[str]) -> None:
     steps, warmup = parse(argv, __doc__, 60, 5)
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1)) for _ in range(16)]
-    model = TinyLM()
-    loss_fn = nn.CrossEntropyLoss()
+    model, loss_fn, data = build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    model.train()
 
     marks: list[float] = []
     for i in range(warmup + steps):
