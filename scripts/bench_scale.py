@@ -31,7 +31,8 @@ after) the runs: every report format (`perfrun report --format
 table|json|markdown|html`) and `perfrun compare` (its table and its page)
 over a run of --report-ranks ranks x --report-steps steps (default 64 x
 1,000,000: 8.7 GB of step files) against a second one 3% slower, and over
-one rank of --long-steps steps (default 10,000,000), each as a fresh
+one rank of --long-steps steps (default 10,000,000; several sizes,
+comma-separated, lay each command's peak memory out by size), each as a fresh
 process, with its time and peak RSS (ru_maxrss) and the machine's load
 average then. Those folders are written directly, in perfrun's own formats
 (store/rankfile.py's rank document, store/stepfile.py's StepWriter), from a
@@ -360,17 +361,30 @@ def template_run(work: str) -> str:
     return os.path.realpath(os.path.join(log, "latest"))
 
 
+#: Runs the command in argv, its output discarded, and prints its exit
+#: status and peak RSS (ru_maxrss, KiB). timed() starts it from this fresh
+#: interpreter rather than from the script: on Linux a child's ru_maxrss
+#: starts from the memory of the process it was forked from, and the
+#: script's own is hundreds of MiB once it has written a folder, which
+#: would hide the peak of a report smaller than that.
+PEAK = ("import os, subprocess, sys\n"
+        "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, "
+        "stderr=subprocess.DEVNULL)\n"
+        "_, status, usage = os.wait4(p.pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)\n")
+
+
 def timed(args: list[str]) -> dict[str, Any]:
     """`perfrun ARGS` as a fresh process, its output discarded: its time,
     its peak RSS and its exit status, with the load average as it began."""
     load = os.getloadavg()[0]
     t = time.perf_counter()
-    proc = subprocess.Popen(perfrun_cmd(*args), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    return {"s": round(time.perf_counter() - t, 2),
-            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-            "exit": os.waitstatus_to_exitcode(status), "load": round(load, 2)}
+    done = subprocess.run([sys.executable, "-c", PEAK, *perfrun_cmd(*args)],
+                          stdout=subprocess.PIPE, text=True, check=True)
+    seconds = time.perf_counter() - t
+    code, peak_kib = (int(v) for v in done.stdout.split())
+    return {"s": round(seconds, 2), "peak_rss_mib": round(peak_kib / 1024, 1),
+            "exit": code, "load": round(load, 2)}
 
 
 #: What is timed over each run folder: every report format, and compare
@@ -385,16 +399,19 @@ REPORT_COMMANDS = (
 )
 
 
-def reports_at_scale(work: str, ranks: int, steps: int, long_steps: int,
+def reports_at_scale(work: str, ranks: int, steps: int, long_steps: list[int],
                      only: Optional[list[str]] = None) -> dict[str, Any]:
     """Build (or reuse) the folders under `work` and time each command of
-    REPORT_COMMANDS over them."""
+    REPORT_COMMANDS over them: over ranks x steps, and over one rank of each
+    of `long_steps` (several sizes show whether a report's memory grows
+    with the steps: `flatness` lays each command's peak out by size)."""
     template = template_run(work)
     sets = []
     if ranks and steps:
         sets.append((f"{ranks}x{steps}", ranks, steps))
-    if long_steps:
-        sets.append((f"1x{long_steps}", 1, long_steps))
+    for n in long_steps:
+        if n:
+            sets.append((f"1x{n}", 1, n))
     out: dict[str, Any] = {}
     for name, r, n in sets:
         folders = []
@@ -414,6 +431,26 @@ def reports_at_scale(work: str, ranks: int, steps: int, long_steps: int,
                                     for a in args])
             print(f"   {name} {label}: {json.dumps(figures[label])}", flush=True)
         out[name] = figures
+    longs = [name for name, r, _n in sets if r == 1]
+    if len(longs) > 1:
+        out["flatness"] = flatness({name: out[name] for name in longs})
+        print("   peak RSS (MiB) and time (s) by steps in one rank:", flush=True)
+        for label, row in out["flatness"].items():
+            print(f"   {label:16} " + "  ".join(f"{k}: {v['peak_rss_mib']} MiB {v['s']} s"
+                                                 for k, v in row.items()), flush=True)
+    return out
+
+
+def flatness(sets: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each command's time and peak RSS over each folder of `sets` (by
+    name, in order of size), side by side: a report whose memory does not
+    grow with the steps shows one figure across."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, figures in sets.items():
+        for label, _args in REPORT_COMMANDS:
+            if label in figures:
+                out.setdefault(label, {})[name] = {
+                    k: figures[label][k] for k in ("s", "peak_rss_mib", "exit")}
     return out
 
 
@@ -427,7 +464,9 @@ def main() -> int:
                         help="time every report format and compare at scale")
     parser.add_argument("--report-ranks", type=int, default=64)
     parser.add_argument("--report-steps", type=int, default=1_000_000)
-    parser.add_argument("--long-steps", type=int, default=10_000_000)
+    parser.add_argument("--long-steps", default="10000000",
+                        help="steps of the one-rank run, or several sizes comma-separated "
+                        "(e.g. 1000000,3000000,10000000: a table of peak memory by size)")
     parser.add_argument("--only", help="the commands to time, comma-separated "
                         "(e.g. 'report html,compare table')")
     parser.add_argument("--work", help="work here and keep what is built (the --reports "
@@ -461,7 +500,8 @@ def main() -> int:
         if args.reports:
             print("== every report format and compare at scale", flush=True)
             figures["reports"] = reports_at_scale(work, args.report_ranks, args.report_steps,
-                                                  args.long_steps,
+                                                  [int(n) for n in
+                                                   args.long_steps.split(",") if n],
                                                   args.only.split(",") if args.only else None)
     finally:
         if not args.work:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis.stats import Stats
+from perfrun.analysis import digest
 from perfrun.store.rankfile import rows_table
 from perfrun.store.stepfile import COL, PHASES
 
@@ -216,9 +216,10 @@ class Quantities:
     """What the Perf and Model Summaries, the FLOP rates and the Ranks
     table take from a set of steps: each step's time, each phase's, Others',
     as 1-D arrays (statistics are taken over these exact arrays, so they
-    are the same however the steps were read), the tallies and the GPU
-    times. Built from a table at once (`of`), or by a pass that reads a
-    rank a block at a time and keeps only these (analysis/rankpass.py).
+    are the same however the steps were read), or for a rank too long to
+    hold as Digests (analysis/digest.py), the tallies and the GPU times.
+    Built from a table at once (`of`), or by a pass that reads a rank a
+    block at a time and keeps only these (analysis/rankpass.py).
     Each quantity's Stats is taken once and kept (`stats`): the Perf and
     Model Summaries both print the step time's."""
 
@@ -227,11 +228,11 @@ class Quantities:
     others: Any
     tallies: Tallies
     gpu: Optional[Gpu] = None
-    _stats: dict[str, Stats] = field(default_factory=dict, repr=False)
+    _stats: dict[str, digest.Stats] = field(default_factory=dict, repr=False)
 
     @property
     def n(self) -> int:
-        return int(self.step.shape[0])
+        return digest.size(self.step)
 
     def times(self, name: str) -> Any:
         """The times of `name`, one of TIMED."""
@@ -241,10 +242,10 @@ class Quantities:
             return self.others
         return self.phases[name]
 
-    def stats(self, name: str) -> Stats:
+    def stats(self, name: str) -> digest.Stats:
         found = self._stats.get(name)
         if found is None:
-            found = self._stats[name] = Stats.of(self.times(name))
+            found = self._stats[name] = digest.stats_of(self.times(name))
         return found
 
     @classmethod

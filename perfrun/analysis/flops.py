@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis import columns
+from perfrun.analysis import columns, digest
 from perfrun.analysis.peaks import Peak, peak_for
 
 #: (row name in the Model Summary, key in the rank's `flops`, phase column).
@@ -56,7 +56,11 @@ def counted_step(data: Mapping[str, Any]) -> Optional[int]:
 
 def median_time(values: Any) -> Optional[float]:
     """The median of the finite values, None when there are none or it is
-    not positive (no rate can be taken over it)."""
+    not positive (no rate can be taken over it). `values`: an array, or a
+    Digest (analysis/digest.py)."""
+    if isinstance(values, digest.Digest):
+        found = values.quantile(0.5)
+        return found if found is not None and found > 0.0 else None
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
     if not arr.size:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from perfrun.analysis import digest
 from perfrun.analysis.rankpass import RankPass, read_pass
 from perfrun.analysis.selection import Counted, rank_counted
 from perfrun.analysis.stats import Stats, size
@@ -479,10 +480,10 @@ def steady_of(steps: RankPass, counted: Counted) -> Steady:
     times = steps.times("step", counted)
     median = steps.median("step", counted, finite=True)
     return Steady(
-        counted=int(times.size),
-        step_avg=Stats.avg_of(times),
-        phase_avg={p: Stats.avg_of(steps.times(p, counted)) for p in PHASES},
-        others_avg=Stats.avg_of(steps.times("others", counted)),
+        counted=digest.size(times),
+        step_avg=digest.avg_of(times),
+        phase_avg={p: digest.avg_of(steps.times(p, counted)) for p in PHASES},
+        others_avg=digest.avg_of(steps.times("others", counted)),
         # flops.median_time's: none that is not positive.
         step_median=median if median is not None and median > 0.0 else None,
     )
@@ -519,7 +520,7 @@ def multi_rank_summary(
         steady = {}
         for rank in ranks:
             counted = rank_counted(rank, warmup, exclude_window=exclude_window)
-            steady[rank.rank] = steady_of(read_pass(rank), counted)
+            steady[rank.rank] = steady_of(read_pass(rank, selections=[counted]), counted)
     rows: list[RankRow] = []
     for rank in ranks:
         found = steady[rank.rank]

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from perfrun.analysis import digest, rankpass
 from perfrun.analysis.advice import Advice, AdviceInputs, advise
 from perfrun.analysis.allocator import devices_memory
 from perfrun.analysis.columns import Quantities
@@ -27,7 +28,14 @@ from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
 from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
 from perfrun.analysis.memory import MemorySummary, StepStarts, memory_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
-from perfrun.analysis.rankpass import Picked, RankPass, SampleTally, read_pass
+from perfrun.analysis.rankpass import (
+    Picked,
+    RankPass,
+    Sampled,
+    SampleTally,
+    digested,
+    read_pass,
+)
 from perfrun.analysis.ranks import (
     MultiRankSummary,
     Steady,
@@ -59,7 +67,13 @@ from perfrun.analysis.summary import (
     model_summary,
     perf_summary,
 )
-from perfrun.analysis.window import INSIDE, WindowReport, window_report, window_steps
+from perfrun.analysis.window import (
+    INSIDE,
+    WindowReport,
+    outside_steps,
+    window_report,
+    window_steps,
+)
 from perfrun.settings import SUMMARY_KEYS
 from perfrun.store.baseline import READ, batch_size, fingerprint
 from perfrun.store.childfile import read_children
@@ -266,6 +280,25 @@ class Report:
     #: The reference rank's steady step times, as the gate compares them
     #: (analysis/compare.py; not in the JSON); None when not asked for.
     gate_steps: Any = None
+    #: How each rank's medians and percentiles were taken, by rank:
+    #: digest.EXACT, or over a rank too long to hold digest.METHOD
+    #: (analysis/rankpass.py, analysis/digest.py).
+    quantiles: dict[int, str] = field(default_factory=dict)
+
+    def quantiles_dict(self) -> dict[str, Any]:
+        """The JSON report's `quantiles`: the reference rank's method (its
+        figures are the summaries'), the bound on a median's or
+        percentile's error relative to its value (0 where exact), the ranks
+        whose figures were digested, and the step count above which a rank
+        is."""
+        method = self.quantiles.get(self.title.rank, digest.EXACT) \
+            if self.title.rank is not None else digest.EXACT
+        return {
+            "method": method,
+            "relative_error": digest.RELATIVE_ERROR if method == digest.METHOD else 0.0,
+            "digested_ranks": sorted(r for r, m in self.quantiles.items() if m == digest.METHOD),
+            "array_steps": rankpass.ARRAY_STEPS,
+        }
 
     def show(self, section: str) -> bool:
         return bool(self.sections.get(section, True))
@@ -293,6 +326,7 @@ class Report:
             "pipeline": self.pipeline.to_dict() if self.pipeline is not None else None,
             "memory": self.memory.to_dict() if self.memory is not None else None,
             "disturbed": [f.to_dict() for f in self.disturbed],
+            "quantiles": self.quantiles_dict(),
             **({"results": self.results} if self.results is not None else {}),
         }
 
@@ -589,6 +623,7 @@ def build_report(
     report.environment = fingerprint(run, batch=read.batch)
     report.series = read.page
     report.gate_steps = read.gate_steps
+    report.quantiles = read.quantiles
     return report
 
 
@@ -609,6 +644,8 @@ class _Read:
     #: The fingerprint's batch size, when its rank is the reference.
     batch: Any = READ
     gate_steps: Any = None
+    #: How each rank's medians and percentiles were taken (RankPass.quantiles).
+    quantiles: dict[int, str] = field(default_factory=dict)
 
 
 #: The name the summaries' steps are asked of the reference's pass under.
@@ -648,14 +685,30 @@ def _read_ranks(run: RunResults, ref: Optional[RankResult], warmup: int,
         if tally is not None:
             sinks.append(tally)
         asked = {}
+        # The other steps figures are taken over, named before the pass
+        # (a rank too long to hold keeps only what they ask: rankpass.py).
+        named = [counted_steps]
+        died = not multi and rank.status == "running" and rank.n_steps
+        if died:
+            named.append(rank_counted(rank, warmup))
+        sampled = None
         if is_ref:
             asked[_SUMMARY] = steps
             inside = window_steps(ref, window)
-            if inside is not None:
+            if inside is not None and window is not None:
                 asked[INSIDE] = inside
-        found = read_pass(rank, asked, sinks, chart.size if chart is not None else 1)
+                named.append(outside_steps(rank, window, warmup))
+            if gate_window is not None:
+                chosen = rank_counted(rank, warmup, gate_window[0], gate_window[1])
+                if digested(rank):
+                    # The gate's bootstrap over a sample of the steps
+                    # (rankpass.Sampled), as over a rank of that length.
+                    sampled = Sampled(chosen)
+                    sinks.append(sampled)
+        found = read_pass(rank, asked, sinks, chart.size if chart is not None else 1, named)
         out.steady[rank.rank] = steady_of(found, counted_steps)
-        if not multi and rank.status == "running" and rank.n_steps:
+        out.quantiles[rank.rank] = found.quantiles
+        if died:
             median = found.median("step", rank_counted(rank, warmup), finite=True)
             # flops.median_time's: none that is not positive.
             out.died[rank.rank] = median if median is not None and median > 0.0 else None
@@ -667,7 +720,9 @@ def _read_ranks(run: RunResults, ref: Optional[RankResult], warmup: int,
             out.summary = found.counted[_SUMMARY] if rank.n_steps else None
             if tally is not None:
                 out.batch = batch_size(*tally.tally())
-            if gate_window is not None:
+            if sampled is not None:
+                out.gate_steps = sampled.times
+            elif gate_window is not None:
                 chosen = rank_counted(rank, warmup, gate_window[0], gate_window[1])
                 out.gate_steps = found.times("step", chosen)
         del found

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perfrun.analysis import columns
+from perfrun.analysis import columns, digest
 from perfrun.analysis.rankpass import Block, RankPass
 from perfrun.analysis.selection import Counted, profiled_steps, rank_counted, rank_window
 from perfrun.store.rankfile import RankResult
@@ -162,7 +162,14 @@ class SeriesSink:
 
 def box_stats(values: Any) -> Optional[dict[str, float]]:
     """Quartiles, median, mean, min and max of `values` (seconds): a box
-    plot drawn from these costs the same for 10 steps as for 10^7."""
+    plot drawn from these costs the same for 10 steps as for 10^7.
+    `values`: an array, or a Digest (analysis/digest.py)."""
+    if isinstance(values, digest.Digest):
+        if not values.n:
+            return None
+        q1, med, q3 = digest.percentiles(values, [25, 50, 75])
+        return {"min": values.lo, "q1": q1, "median": med, "q3": q3, "max": values.hi,
+                "mean": float(values.total / values.n), "n": values.n}
     arr = np.asarray(values, dtype=np.float64)
     arr = arr[np.isfinite(arr)]
     if not arr.size:
@@ -258,7 +265,7 @@ def add_rank(out: PageSeries, rank: RankResult, steps: RankPass, series: dict[st
         return medians
     out.steps = series
     out.profiled, out.window = profiled_steps(rank), rank_window(rank)
-    if times.size:
-        p10, med, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
-        out.steady = {"p10": p10, "median": med, "p90": p90, "n": int(times.size)}
+    if digest.size(times):
+        p10, med, p90 = digest.percentiles(times, [10, 50, 90])
+        out.steady = {"p10": p10, "median": med, "p90": p90, "n": digest.size(times)}
     return medians

@@ -31,9 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from perfrun.analysis.columns import quantities
+from perfrun.analysis.digest import per_second, stats_of
 from perfrun.analysis.stats import Rate, Stats
 from perfrun.store.stepfile import PHASES
 
@@ -100,13 +99,10 @@ def perf_summary(rows: Any) -> PerfSummary:
     rows as lists."""
     q = quantities(rows)
     n = q.n
-    times = q.step
     batch = q.stats("step")
     reader = q.stats("dataloader")
     total = batch.total or 0.0
-    positive = times > 0.0
-    with np.errstate(divide="ignore"):
-        ips = Rate.from_totals(n, total, 1.0 / times[positive])
+    ips = Rate.from_totals(n, total, per_second(q.step))
     samples_ips: Optional[Rate] = None
     tallies = q.tallies
     if n and tallies.samples_known:
@@ -261,12 +257,12 @@ def model_summary(rows: Any) -> ModelSummary:
     step = q.stats("step")
     g = q.gpu
     has_gpu = g is not None
-    gpu_step = Stats.of(g.step) if g is not None else None
+    gpu_step = stats_of(g.step) if g is not None else None
 
     def gpu_pair(values: Any) -> tuple[Optional[Stats], Optional[float]]:
         if gpu_step is None:
             return None, None
-        stats = Stats.of(values)
+        stats = stats_of(values)
         return stats, _ratio(stats.total, gpu_step.total)
 
     out = [

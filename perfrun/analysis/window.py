@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
-
+from perfrun.analysis import digest
 from perfrun.analysis.rankpass import RankPass, read_pass
 from perfrun.analysis.selection import Counted, rank_counted, steps_range
 from perfrun.analysis.summary import ModelSummary, model_summary
@@ -179,6 +178,17 @@ def window_steps(ref: Optional[RankResult], window: Optional[tuple[int, int]]
     return steps_range(ref.n_steps, window[0], window[1])
 
 
+def outside_steps(ref: RankResult, window: tuple[int, int], warmup: int) -> Counted:
+    """The steps the window's are held against: the counted steps less the
+    window's and the profiler's warm-up step before it (no outside step)."""
+    start, end = window
+    first = start
+    profiled = ref.data.get("profiled")
+    if isinstance(profiled, (list, tuple)) and len(profiled) == 2 and isinstance(profiled[0], int):
+        first = min(start, profiled[0])  # the profiler's warm-up step is no outside step
+    return rank_counted(ref, warmup, (first, end))
+
+
 def window_report(
     ranks: Sequence[RankResult],
     ref: Optional[RankResult],
@@ -200,24 +210,21 @@ def window_report(
         summary = rank.data.get("window_summary")
         if isinstance(summary, dict):
             report.ranks.append(RankWindow(rank.rank, summary))
+    outside = outside_steps(ref, window, warmup)
     if steps is None:
-        steps = read_pass(ref, {INSIDE: inside_steps})
+        steps = read_pass(ref, {INSIDE: inside_steps}, selections=[outside])
     n_steps = steps.n
     inside = steps.counted[INSIDE]
-    first = start
-    profiled = ref.data.get("profiled")
-    if isinstance(profiled, (list, tuple)) and len(profiled) == 2 and isinstance(profiled[0], int):
-        first = min(start, profiled[0])  # the profiler's warm-up step is no outside step
-    times = steps.times("step", rank_counted(ref, warmup, (first, end)))
+    times = steps.times("step", outside)
     if inside.n:
         report.model = model_summary(inside)
-        report.window_median = float(np.median(inside.step))
+        report.window_median = digest.median_of(inside.step)
         report.window_count = inside.n
-    if times.size:
-        report.outside_median = float(np.median(times))
-        report.outside_count = int(times.size)
-        if report.outside_median > 0:
-            q1, q3 = np.percentile(times, [25, 75])
+    if digest.size(times):
+        report.outside_median = digest.median_of(times)
+        report.outside_count = digest.size(times)
+        if report.outside_median is not None and report.outside_median > 0:
+            q1, q3 = digest.percentiles(times, [25, 75])
             report.outside_spread = float((q3 - q1) / 2 / report.outside_median)
     if n_steps <= start:
         report.warnings.append(
