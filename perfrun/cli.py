@@ -754,4 +754,32 @@ def console_main() -> None:
         code = 1
     except KeyboardInterrupt:
         code = 130
-    sys.exit(code)
+    leave(code)
+
+
+def leave(code: int) -> None:
+    """Exit with `code`, without the interpreter's teardown where it has
+    nothing left to do. Once the report is out, tearing down the modules a
+    run loads (numpy, rich, the report's) took about 40 ms of every run's
+    wall time, after the user had read everything (measured between the
+    end of main() and the process's exit, on a script that imports torch).
+    It is skipped only when nothing asked to run at exit: no exit handler
+    was registered (a tracker's client, logging, coverage measurement all
+    register one) and no thread that Python would wait for is alive; our
+    files are closed by then, and the standard streams are flushed here.
+    Otherwise Python exits as usual."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a stream that cannot flush: the usual exit
+        sys.exit(code)
+    import atexit
+    import threading
+
+    count = getattr(atexit, "_ncallbacks", None)
+    main_thread = threading.main_thread()
+    waited = any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                 if t is not main_thread)
+    if count is None or count() or waited or not isinstance(code, int) or not 0 <= code <= 255:
+        sys.exit(code)
+    os._exit(code)

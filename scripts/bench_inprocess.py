@@ -1,6 +1,7 @@
 """What does perfrun add to a step? Timed in one process, hooks in and out.
 
-    python scripts/bench_inprocess.py [--rounds N] [--block STEPS] [--json OUT]
+    python scripts/bench_inprocess.py [--rounds N] [--block STEPS] [--workloads W,...]
+                                      [--json OUT]
 
 scripts/bench_overhead.py times whole runs, plain against perfrun, one
 process each: on a shared machine two plain runs differ by more than the few
@@ -38,7 +39,15 @@ The loops, as in scripts/workloads/:
   around it, so that the cost splits by hooked call;
 * (e) many_modules: a model whose forward calls 1,000 submodules, and (f)
   the same loop with none: (e) less (f), round by round, is what perfrun
-  adds to 1,000 submodule calls.
+  adds to 1,000 submodule calls;
+* (g) mlp and (b) small_transformer (`--workloads mlp,small_transformer`):
+  ordinary steps of a few and a few tens of milliseconds, plain against
+  perfrun only, in blocks of about a second; what the hooks add is given as
+  a share of the step with a confidence interval for its median over
+  rounds. Whole runs on a shared 2-core machine differ by several percent
+  from one process to the next (more on the MLP); blocks a second apart
+  in one process do not, so this resolves the per-step share that
+  scripts/bench_overhead.py's whole runs cannot.
 
 Public tools only; needs torch and perfrun importable. Quiet the machine
 first: the quartiles of the rounds say how much to trust a median.
@@ -49,6 +58,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import random
 import statistics
@@ -68,8 +78,8 @@ import loader_mlp  # noqa: E402  (workload (d))
 import many_modules  # noqa: E402  (workloads (e) and (f))
 import mlp  # noqa: E402  (workload (g))
 import small_transformer  # noqa: E402  (workload (b))
-from bench_overhead import median_interval  # noqa: E402
 from bench_hotpath import make_agent  # noqa: E402
+from bench_overhead import median_interval  # noqa: E402
 
 KINDS = ("plain", "perfrun", "batch-size", "off", "floor")
 #: Steps at the start of each block left out: the root search runs on the
@@ -146,54 +156,96 @@ def modules_loop(block: int, blocks: int) -> Loop:
     return run
 
 
-def ordinary_loop(block: int, name: str) -> Loop:
+def ordinary_step(name: str) -> tuple[Callable[[int], None], Any]:
     """Workload (g), the MNIST-sized MLP with Adam, or (b), the small
-    transformer with AdamW: steps of 1-50 ms, where perfrun's cost is held
-    to a share of the step (1% in the default mode, 0.5% in --timer-only).
-    On a CPU run the default mode's hooks are --timer-only's (the agent's
-    _update_listener: no listener, the clock buffered) once its one counted
-    step of FLOPs has passed, so the hooks timed here are both modes' per
-    step cost; what else the default mode does runs in its flush thread,
-    which these blocks leave out and scripts/bench_overhead.py's whole runs
-    keep in."""
+    transformer with AdamW: one training step (batch `i`), and the
+    optimizer it steps."""
     if name == "mlp":
         model, loss_fn, data = mlp.build()
-        make = functools.partial(torch.optim.Adam, lr=1e-3)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-        def batch(i: int) -> tuple[Any, Any]:
-            return data[i % len(data)]
+        def step(i: int) -> None:
+            x, y = data[i % len(data)]
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
     else:
         model, loss_fn, tokens = small_transformer.build()
-        make = functools.partial(torch.optim.AdamW, lr=3e-4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
         vocab = small_transformer.VOCAB
 
-        def batch(i: int) -> tuple[Any, Any]:
+        def step(i: int) -> None:
             t = tokens[i % len(tokens)]
-            return t[:, :-1], t[:, 1:].reshape(-1)
-
-    def run(switch: Callable[[], None]) -> list[tuple[float, ...]]:
-        optimizer = make(model.parameters())
-        clock = time.perf_counter
-        marks = []
-        t = clock()
-        for i in range(block):
-            if i == SKIP:
-                switch()
-                t = clock()
-            x, y = batch(i)
             optimizer.zero_grad(set_to_none=True)
-            out = model(x)
-            if name != "mlp":
-                out = out.reshape(-1, vocab)
-            loss_fn(out, y).backward()
+            logits = model(t[:, :-1])
+            loss_fn(logits.reshape(-1, vocab), t[:, 1:].reshape(-1)).backward()
             optimizer.step()
-            e = clock()
-            marks.append((e - t,))
-            t = e
-        return marks
 
-    run.roots = (type(model), type(loss_fn))  # type: ignore[attr-defined]
-    return run
+    return step, optimizer
+
+
+def ordinary_pairs(name: str, pairs: int, block: int, rng: random.Random) -> dict[str, Any]:
+    """What the hooks add to an ordinary step (1-50 ms), as a share of it.
+
+    On a CPU run the default mode's hooks are --timer-only's once its one
+    counted step of FLOPs has passed (the agent's _update_listener: no
+    listener, the clock buffered), so what is timed here is both modes'
+    cost on the script's thread; the flush thread's work is left out here
+    and kept in scripts/bench_overhead.py's whole runs.
+
+    A step of these loops varies by 7% (the transformer) to 25% (the MLP)
+    from one step to the next on a shared 2-core machine, and by several
+    percent from one second, or one process, to the next: whole runs do not
+    resolve 1%. So one process alternates short blocks (a few hundred
+    milliseconds) with the hooks in and out, in a random order within each
+    pair, on the same model and optimizer throughout; each block's first
+    SKIP_ORDINARY steps (the root search that follows an install) are not
+    counted. Per pair, the ratio of the blocks' mean steps; over pairs, the
+    median and mean ratio with their intervals."""
+    step, optimizer = ordinary_step(name)
+    agent = make_agent()
+    clock = time.perf_counter
+    for i in range(10):
+        step(i)
+    ratios: list[float] = []
+    plain_means: list[float] = []
+    i = 0
+    for _ in range(pairs):
+        means: dict[bool, float] = {}
+        for hooked in ((True, False) if rng.random() < 0.5 else (False, True)):
+            undo = None
+            if hooked:
+                undo = hooks.install(torch, agent)
+                # perfrun wraps an optimizer class's step when one is built:
+                # build one, so that the script's optimizer is timed too.
+                type(optimizer)([torch.zeros(1, requires_grad=True)])
+            times = []
+            t = clock()
+            for j in range(SKIP_ORDINARY + block):
+                step(i)
+                i += 1
+                e = clock()
+                if j >= SKIP_ORDINARY:
+                    times.append(e - t)
+                t = e
+            if undo is not None:
+                hooks.uninstall(undo)
+            means[hooked] = statistics.fmean(times)
+        ratios.append(means[True] / means[False])
+        plain_means.append(means[False])
+    pcts = [(r - 1) * 100 for r in ratios]
+    lo, hi, coverage = median_interval(pcts)
+    mean = statistics.fmean(pcts)
+    half = 1.96 * statistics.stdev(pcts) / math.sqrt(len(pcts)) if len(pcts) > 1 else math.inf
+    plain = statistics.median(plain_means)
+    agent.clock.drain_stale()
+    return {"plain_step_us": plain * 1e6, "pairs": pairs, "block": block,
+            # Steps perfrun's tracker committed in the hooked blocks: that
+            # the hooks were in place and timing (about pairs x block).
+            "steps_seen": agent.tracker.committed,
+            "added_pct": statistics.median(pcts), "pct_lo": lo, "pct_hi": hi,
+            "confidence": coverage, "mean_pct": mean, "mean_pct_lo": mean - half,
+            "mean_pct_hi": mean + half, "added_us": statistics.median(pcts) / 100 * plain * 1e6}
 
 
 def install_floor(roots: tuple[type, ...]) -> list[tuple[Any, str, Any]]:
@@ -296,8 +348,12 @@ def fmt(s: dict[str, float]) -> str:
 #: being the share of the step.
 SHORT = ("loader_mlp", "many_modules", "no_submodules")
 ORDINARY = ("mlp", "small_transformer")
-#: Steps a block of the ordinary loops, after the SKIP: about a second each.
-ORDINARY_BLOCK = {"mlp": 200, "small_transformer": 40}
+#: Steps a block of the ordinary loops: a few hundred milliseconds each.
+ORDINARY_BLOCK = {"mlp": 60, "small_transformer": 8}
+#: Steps not counted at the start of each of their blocks: the root search
+#: an install starts lasts hooks.SEARCH_CALLS outermost calls (the model's
+#: and the loss module's: four steps).
+SKIP_ORDINARY = 5
 
 
 def main(argv: list[str]) -> int:
@@ -309,6 +365,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workloads", default=",".join(SHORT),
                         help=f"comma-separated, of {','.join(SHORT + ORDINARY)} (default "
                         "%(default)s)")
+    parser.add_argument("--pairs", type=int, default=200,
+                        help="pairs of blocks of each ordinary loop (default 200)")
     parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
     args = parser.parse_args(argv)
     if args.block <= SKIP + 10 or args.rounds < 1:
@@ -319,45 +377,40 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
 
     torch.set_num_threads(1)
-    builders: dict[str, tuple[str, Callable[[], Loop], tuple[str, ...]]] = {
-        "loader_mlp": ("(d) loader_mlp", lambda: loader_loop(args.block), KINDS),
+    builders: dict[str, tuple[str, Callable[[], Loop]]] = {
+        "loader_mlp": ("(d) loader_mlp", lambda: loader_loop(args.block)),
         "many_modules": ("(e) many_modules",
-                         lambda: modules_loop(args.block, many_modules.BLOCKS), KINDS),
-        "no_submodules": ("(f) no_submodules", lambda: modules_loop(args.block, 0), KINDS),
-        "mlp": ("(g) mlp", lambda: ordinary_loop(SKIP + ORDINARY_BLOCK["mlp"], "mlp"),
-                ("plain", "perfrun")),
-        "small_transformer": (
-            "(b) small_transformer",
-            lambda: ordinary_loop(SKIP + ORDINARY_BLOCK["small_transformer"],
-                                  "small_transformer"),
-            ("plain", "perfrun")),
+                         lambda: modules_loop(args.block, many_modules.BLOCKS)),
+        "no_submodules": ("(f) no_submodules", lambda: modules_loop(args.block, 0)),
     }
-    loops: dict[str, Loop] = {}
-    kinds_of: dict[str, tuple[str, ...]] = {}
-    for key in chosen:
-        label, build, kinds = builders[key]
-        loops[label] = build()
-        kinds_of[label] = kinds
+    loops = {builders[k][0]: builders[k][1]() for k in chosen if k in builders}
     results: dict[str, dict[str, list[list[float]]]] = {
-        name: {kind: [] for kind in kinds_of[name]} for name in loops
+        name: {kind: [] for kind in KINDS} for name in loops
     }
     rng = random.Random(0)
     began = time.perf_counter()
-    for _ in range(args.rounds):
-        order = [(name, kind) for name in loops for kind in kinds_of[name]]
+    for _ in range(args.rounds if loops else 0):
+        order = [(name, kind) for name in loops for kind in KINDS]
         rng.shuffle(order)
         for name, kind in order:
             results[name][kind].append(run_block(loops[name], kind))
+    ordinary = {
+        label: ordinary_pairs(key, args.pairs, ORDINARY_BLOCK[key], rng)
+        for key, label in (("mlp", "(g) mlp"), ("small_transformer", "(b) small_transformer"))
+        if key in chosen
+    }
     elapsed = time.perf_counter() - began
 
     out: dict[str, Any] = {
         "torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count(),
-        "rounds": args.rounds, "block": args.block, "seconds": round(elapsed, 1),
+        "rounds": args.rounds, "block": args.block, "pairs": args.pairs,
+        "seconds": round(elapsed, 1),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "workloads": {},
     }
+    blocks = f"{args.rounds} rounds of the short loops, " if loops else ""
     print(f"perfrun's hooks in and out of one process: torch {out['torch']}, python "
-          f"{out['python']}, {out['cpus']} CPUs, {args.rounds} rounds, {elapsed:.0f} s, load "
+          f"{out['python']}, {out['cpus']} CPUs, {blocks}{elapsed:.0f} s, load "
           f"average {out['load_average']:.2f} at the end")
     print()
     added: dict[str, list[float]] = {}
@@ -365,13 +418,6 @@ def main(argv: list[str]) -> int:
         plain = kinds["plain"]
         entry: dict[str, Any] = {"plain_step_us": statistics.median(r[0] for r in plain)}
         print(f"{name}: plain step {entry['plain_step_us']:.1f} us")
-        if "floor" not in kinds:
-            entry.update(share(kinds["perfrun"], plain))
-            print(f"  perfrun's hooks add {entry['added_us']:+.2f} us a step, "
-                  f"{entry['added_pct']:+.3f}% ({entry['confidence']:.0%} interval "
-                  f"{entry['pct_lo']:+.3f} to {entry['pct_hi']:+.3f}%)")
-            out["workloads"][name] = entry
-            continue
         for kind, label in (("perfrun", "perfrun (timer-only) adds"),
                             ("batch-size", "  with --batch-size N"),
                             ("off", "wrappers switched off add"),
@@ -394,6 +440,15 @@ def main(argv: list[str]) -> int:
                 entry["calls"][call] = spread(diffs)
                 print(f"    {call:25s} {fmt(entry['calls'][call])}")
         out["workloads"][name] = entry
+    for name, entry in ordinary.items():
+        print(f"{name}: plain step {entry['plain_step_us']:.1f} us; {entry['pairs']} pairs of "
+              f"{entry['block']}-step blocks ({entry['steps_seen']} steps seen by perfrun)")
+        print(f"  perfrun's hooks add {entry['added_pct']:+.3f}% of the step, "
+              f"{entry['added_us']:+.2f} us (median over pairs; {entry['confidence']:.0%} "
+              f"interval {entry['pct_lo']:+.3f} to {entry['pct_hi']:+.3f}%); mean "
+              f"{entry['mean_pct']:+.3f}% ({entry['mean_pct_lo']:+.3f} to "
+              f"{entry['mean_pct_hi']:+.3f}%)")
+        out["workloads"][name] = entry
     if "(e) many_modules" in added and "(f) no_submodules" in added:
         e, f = added["(e) many_modules"], added["(f) no_submodules"]
         sub = spread([a - b for a, b in zip(e, f)])
@@ -404,18 +459,6 @@ def main(argv: list[str]) -> int:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
-
-
-def share(profiled: list[list[float]], plain: list[list[float]]) -> dict[str, float]:
-    """What the hooks add to an ordinary step, round by round: the median
-    difference in us, and the median ratio as a share of the step with its
-    confidence interval (bench_overhead.median_interval: it narrows as
-    rounds are added)."""
-    diffs = [k[0] - p[0] for k, p in zip(profiled, plain)]
-    pcts = [(k[0] / p[0] - 1) * 100 for k, p in zip(profiled, plain)]
-    lo, hi, coverage = median_interval(pcts)
-    return {"added_us": statistics.median(diffs), "added_pct": statistics.median(pcts),
-            "pct_lo": lo, "pct_hi": hi, "confidence": coverage}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -178,3 +179,27 @@ def test_a_reading_that_fails_is_recorded_never_raised(monkeypatch: pytest.Monke
     ev = sampler.stop()
     assert ev["samples"] == 0 and ev["other_cores"] is None
     assert any("no /proc here" in u for u in ev["unavailable"])
+
+
+def test_a_run_that_ends_before_the_first_reading_is_not_waited_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A script of a few tens of milliseconds ends while the sampler's thread
+    # still imports psutil: the launcher does not wait for the import and a
+    # reading that nothing could be compared with.
+    sampler = HostLoadSampler(interval=0.05)
+    release = threading.Event()
+    importing = sampler._import
+
+    def slow_import() -> None:
+        release.wait(10)
+        importing()
+
+    monkeypatch.setattr(sampler, "_import", slow_import)
+    sampler.start()
+    began = time.monotonic()
+    ev = sampler.stop()
+    took = time.monotonic() - began
+    release.set()
+    assert took < 5, took  # not the join's 5 s, nor the import
+    assert ev["samples"] == 0 and ev["other_cores"] is None
+    assert any("too few samples" in u for u in ev["unavailable"]), ev

@@ -264,6 +264,8 @@ class HostLoadSampler:
         self.readings: list[Reading] = []
         self.unavailable: list[str] = []
         self._stop = threading.Event()
+        # Set once the thread's first reading is in (stop()).
+        self._first = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._cost = [0, 0.0, 0.0, 0.0]  # samples, wall, CPU, max wall
@@ -291,15 +293,25 @@ class HostLoadSampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        self._import()
-        self.sample()
+        try:
+            self._import()
+            self.sample()
+        finally:
+            self._first.set()
         while not self._stop.wait(self.interval):
             self.sample()
 
     def stop(self) -> dict[str, Any]:
-        """End the thread, take a last sample, and return the evidence."""
+        """End the thread, take a last sample, and return the evidence. A
+        run that ended before the thread's first reading (a script of a few
+        tens of milliseconds) has nothing a last reading could be compared
+        with: the evidence says too few samples at once, rather than after
+        waiting for psutil's import and a reading (20-50 ms of such a run's
+        wall time)."""
         self._stop.set()
         if self._thread is not None:
+            if not self._first.is_set():
+                return self.evidence()
             self._thread.join(timeout=5)
         elif self._psutil is None:
             self._import()
