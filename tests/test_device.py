@@ -412,3 +412,21 @@ def test_each_unsupported_reading_is_recorded_and_not_asked_again() -> None:
     from perfrun.store.schema import check
 
     check(ev, GPU_EVIDENCE)
+
+
+def test_nvtx_is_imported_only_where_a_tool_could_listen(tmp_path, monkeypatch) -> None:
+    # On a machine with no NVIDIA driver and no tool named in the
+    # environment, nvtx's ranges are no-ops for the whole process: its
+    # import would only cost the script's `import torch` 25 ms.
+    from perfrun.runtime import device
+
+    monkeypatch.setattr(device, "DRIVER_PATHS", (str(tmp_path / "driver"),))
+    monkeypatch.setattr(device.sys, "platform", "linux")
+    assert not device.nvtx_tool_possible({})
+    assert not device.nvtx_tool_possible({"NVTX_INJECTION64_PATH": ""})
+    # Nsight Systems names its library for the process it starts.
+    assert device.nvtx_tool_possible({"NVTX_INJECTION64_PATH": "/opt/nsys/libToolsInjection64.so"})
+    assert device.nvtx_tool_possible({"NVTX_INJECTION32_PATH": "/opt/nsys/lib32.so"})
+    # A driver: newer NVTX finds a tool through it without the variable.
+    (tmp_path / "driver").mkdir()
+    assert device.nvtx_tool_possible({})

@@ -909,3 +909,39 @@ def test_a_file_that_cannot_be_saved_after_the_run_is_no_success(
     errors = [line for line in done.stderr.splitlines() if line.startswith("perfrun: error")]
     assert len(errors) == 1 and message in errors[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+NVTX_SEEN = """
+import sys
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+print("nvtx imported:", "nvtx" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/dxg")),
+                    reason="an NVIDIA driver is here: nvtx is imported, as it should be")
+def test_nvtx_stays_unimported_where_no_tool_could_listen(tmp_path: Path) -> None:
+    # The default mode imports nvtx only where a tool could listen (an
+    # NVIDIA driver, or a tool named in NVTX_INJECTION64_PATH); a tool
+    # named there gets it.
+    script = tmp_path / "nvtx_seen.py"
+    script.write_text(NVTX_SEEN)
+    env = base_env()
+    env.pop("NVTX_INJECTION64_PATH", None)
+    env.pop("NVTX_INJECTION32_PATH", None)
+    done = perfrun("--log-dir", str(tmp_path / "log"), str(script), cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "nvtx imported: False" in done.stdout
+    # A tool named in the environment (a library that is not there: nvtx
+    # falls back to its no-op ranges, as without a tool).
+    named = dict(env, NVTX_INJECTION64_PATH=str(tmp_path / "libTool.so"))
+    done = perfrun("--log-dir", str(tmp_path / "log2"), str(script), cwd=tmp_path, env=named)
+    assert done.returncode == 0, done.stderr
+    assert "nvtx imported: True" in done.stdout

@@ -42,7 +42,7 @@ from ..store.stepfile import COL, STEP_COLUMNS, StepWriter
 from . import hooks
 from .clock import BufferedClock, PhaseClock
 from .cudaside import CudaSide
-from .device import DeviceSampler
+from .device import DeviceSampler, nvtx_tool_possible
 from .hooks import OFF, HookState
 from .lifeline import STACK_SIGNAL, ended_status, say_unsaved
 from .memory import HostMemory
@@ -238,7 +238,7 @@ class Agent(CudaSide):
             self._cuda_possible = bool(
                 getattr(version, "cuda", None) or getattr(version, "hip", None)
             )
-        if self.settings.use_nvtx:
+        if self.settings.use_nvtx and nvtx_tool_possible(os.environ):
             try:
                 import nvtx
 

@@ -133,6 +133,24 @@ def _norm_bus(bus: Optional[str]) -> str:
 #: GPU device (WSL has no /proc entry for the Windows driver it uses).
 DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/dxg")
 
+#: Where an NVTX tool names its library for the process to load.
+NVTX_INJECTION_VARS = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
+
+
+def nvtx_tool_possible(env: Mapping[str, str], probe_machine: bool = True) -> bool:
+    """Whether an NVTX tool could listen to this process: one named in the
+    environment (Nsight Systems and Nsight Compute set it for the process
+    they start), or an NVIDIA driver, through which newer NVTX finds a tool
+    without it. On a machine with neither, nvtx's ranges are no-ops for the
+    life of the process, and its import (25 ms, at the script's `import
+    torch`) buys nothing."""
+    if any(env.get(name) for name in NVTX_INJECTION_VARS):
+        return True
+    if probe_machine and sys.platform.startswith("linux"):
+        return any(os.path.exists(path) for path in DRIVER_PATHS)
+    return True  # elsewhere: no cheap way to tell, so as before
+
+
 #: NVML's own word for "this machine has no NVIDIA driver": no libnvidia-ml,
 #: or no kernel module behind it.
 _NO_DRIVER_ERRORS = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
