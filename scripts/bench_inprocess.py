@@ -156,34 +156,6 @@ def modules_loop(block: int, blocks: int) -> Loop:
     return run
 
 
-def ordinary_step(name: str) -> tuple[Callable[[int], None], Any]:
-    """Workload (g), the MNIST-sized MLP with Adam, or (b), the small
-    transformer with AdamW: one training step (batch `i`), and the
-    optimizer it steps."""
-    if name == "mlp":
-        model, loss_fn, data = mlp.build()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step(i: int) -> None:
-            x, y = data[i % len(data)]
-            optimizer.zero_grad()
-            loss_fn(model(x), y).backward()
-            optimizer.step()
-    else:
-        model, loss_fn, tokens = small_transformer.build()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        vocab = small_transformer.VOCAB
-
-        def step(i: int) -> None:
-            t = tokens[i % len(tokens)]
-            optimizer.zero_grad(set_to_none=True)
-            logits = model(t[:, :-1])
-            loss_fn(logits.reshape(-1, vocab), t[:, 1:].reshape(-1)).backward()
-            optimizer.step()
-
-    return step, optimizer
-
-
 def ordinary_pairs(name: str, pairs: int, block: int, rng: random.Random) -> dict[str, Any]:
     """What the hooks add to an ordinary step (1-50 ms), as a share of it.
 
@@ -202,7 +174,7 @@ def ordinary_pairs(name: str, pairs: int, block: int, rng: random.Random) -> dic
     SKIP_ORDINARY steps (the root search that follows an install) are not
     counted. Per pair, the ratio of the blocks' mean steps; over pairs, the
     median and mean ratio with their intervals."""
-    step, optimizer = ordinary_step(name)
+    step, optimizer = (mlp if name == "mlp" else small_transformer).make_step()
     agent = make_agent()
     clock = time.perf_counter
     for i in range(10):

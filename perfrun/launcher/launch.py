@@ -39,6 +39,7 @@ from ..runtime.memory import oom_kills
 from ..settings import Settings, child_environment, child_settings, port_span
 from ..store import layout
 from ..store.files import Reserve, atomic_write_text, full_reason
+from ..store.rankfile import hostname
 from ..store.runmeta import write_job_meta, write_run_meta
 
 #: The package's folder, and the boot folder put first on the child's
@@ -490,7 +491,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "launcher": launcher,
         "started": time.time(),
         # Whose run it is: retention asks this process whether the run is over.
-        "host": _hostname(),
+        "host": hostname(),
         "pid": os.getpid(),
     }
     if folder.node is not None:
@@ -584,16 +585,6 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed,
                    status_path=status_path, hung=outcome_flags["hung"], meta=meta,
                    meta_unsaved=unsaved)
-
-
-def _hostname() -> str:
-    """socket.gethostname() without importing socket (4 ms of start-up):
-    on POSIX both are uname's nodename."""
-    if hasattr(os, "uname"):
-        return os.uname().nodename
-    import socket
-
-    return socket.gethostname()
 
 
 def _owner(folder: RunFolder) -> str:

@@ -146,9 +146,15 @@ def nvtx_tool_possible(env: Mapping[str, str], probe_machine: bool = True) -> bo
     torch`) buys nothing."""
     if any(env.get(name) for name in NVTX_INJECTION_VARS):
         return True
-    if probe_machine and sys.platform.startswith("linux"):
-        return any(os.path.exists(path) for path in DRIVER_PATHS)
-    return True  # elsewhere: no cheap way to tell, so as before
+    return not probe_machine or driver_present() is not False
+
+
+def driver_present() -> Optional[bool]:
+    """Whether this machine shows an NVIDIA driver (DRIVER_PATHS); None
+    where there is no cheap way to tell (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return any(os.path.exists(path) for path in DRIVER_PATHS)
 
 
 #: NVML's own word for "this machine has no NVIDIA driver": no libnvidia-ml,
@@ -175,9 +181,7 @@ def _no_driver(exc: BaseException, probe_machine: bool) -> bool:
     )
     if kinds and isinstance(exc, kinds):
         return True
-    if probe_machine and sys.platform.startswith("linux"):
-        return not any(os.path.exists(path) for path in DRIVER_PATHS)
-    return False
+    return probe_machine and driver_present() is False
 
 
 class DeviceSampler:

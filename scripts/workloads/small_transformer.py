@@ -12,6 +12,7 @@ steady-state steps with time.perf_counter and ends with one line:
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 from benchline import mark, parse, report
@@ -39,25 +40,17 @@ class TinyLM(nn.Module):
         return self.head(self.norm(h))
 
 
-def build() -> tuple[TinyLM, nn.Module, list[torch.Tensor]]:
-    """The model, its loss and 16 batches of tokens (scripts/bench_inprocess.py
-    runs the same loop in blocks)."""
+def make_step() -> tuple[Callable[[int], None], torch.optim.Optimizer]:
+    """One training step on batch `i`, and its optimizer: the loop main()
+    times, and scripts/bench_inprocess.py runs in blocks."""
     torch.manual_seed(0)
     data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1)) for _ in range(16)]
     model = TinyLM()
-    model.train()
-    return model, nn.CrossEntropyLoss(), data
-
-
-def main(argv: list[str]) -> None:
-    steps, warmup = parse(argv, __doc__, 60, 5)
-
-    torch.set_num_threads(1)
-    model, loss_fn, data = build()
+    loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    model.train()
 
-    marks: list[float] = []
-    for i in range(warmup + steps):
+    def step(i: int) -> None:
         tokens = data[i % len(data)]
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         optimizer.zero_grad(set_to_none=True)
@@ -65,6 +58,19 @@ def main(argv: list[str]) -> None:
         loss = loss_fn(logits.reshape(-1, VOCAB), targets.reshape(-1))
         loss.backward()
         optimizer.step()
+
+    return step, optimizer
+
+
+def main(argv: list[str]) -> None:
+    steps, warmup = parse(argv, __doc__, 60, 5)
+
+    torch.set_num_threads(1)
+    step, _ = make_step()
+
+    marks: list[float] = []
+    for i in range(warmup + steps):
+        step(i)
         marks.append(mark())
     report("small_transformer", marks, warmup, torch.__version__)
 
