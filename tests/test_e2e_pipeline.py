@@ -196,12 +196,19 @@ def test_workers_are_each_recorded_and_a_slow_one_is_named(run_perfrun: RunPerfr
     assert found["other"] < 0.10 * lp["fetch"]
     check_fetches_add_up(run, lp)
     # The table and the advice name it, and the advice says nothing else of
-    # the workers: their waits are its.
+    # the workers: their waits are its. Where other processes (the suite's
+    # other runs) took this machine's cores during the run, the advice counts
+    # the cores left and may find them full: then, and only then, it may add
+    # that the workers' CPU is what fills them.
     assert f"{pids[1]} (slow)" in run.out, run.out
     advice = io_advice(report)
     assert advice["actions"][0].startswith(f"look at worker pid {pids[1]}: "), advice
+    others = advice["actions"][1:]
+    if "other_cores" in advice["evidence"]["pipeline"]:
+        others = [a for a in others
+                  if not (a.startswith("a cheaper Dataset") and "available to this rank" in a)]
     assert not any(a.startswith(("num_workers", "raise num_workers", "a cheaper"))
-                   for a in advice["actions"]), advice
+                   for a in others), advice
 
 
 def test_spawned_workers_are_recorded_too(run_perfrun: RunPerfrun) -> None:
