@@ -254,6 +254,20 @@ def test_script_killed_by_sigkill(tmp_path: Path) -> None:
     assert float(said.group(1)) <= meta["elapsed"]
 
 
+def test_the_rank_file_counts_the_flush_threads_cpu(tmp_path: Path) -> None:
+    """perfrun's flush thread (saves, samplers) reports its own CPU time, the
+    most it can have taken from the script's thread: more than nothing, and
+    less than the run's time."""
+    log = tmp_path / "log"
+    result = perfrun("--log-dir", str(log), "--flush-interval", "0.2", str(TRAIN),
+                     "--steps", "8", "--sleep", "0.1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = rank_data(run_dir_of(log))
+    flush = data["extra"]["flush"]
+    assert flush["calls"] >= 2, flush
+    assert 0.0 < flush["thread_cpu"] < data["elapsed"], (flush, data["elapsed"])
+
+
 def test_a_script_killed_before_its_first_save_still_imported_torch(tmp_path: Path) -> None:
     """Killed outright 0.6 s into its first step, before any periodic save
     (every 2 s): the rank saved when torch was imported, so the report says

@@ -446,3 +446,25 @@ def test_the_in_process_benchmark_runs_every_kind_of_block(tmp_path: Path) -> No
                                     "optimizer.step"}
     assert "median" in doc["submodules_1000"]
     assert "1,000 submodule calls" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_in_process_benchmark_pairs_ordinary_steps(tmp_path: Path) -> None:
+    """Its ordinary loops (--workloads mlp): pairs of blocks, hooks in and out,
+    each step's wall and thread CPU time kept; checked for what it runs and
+    reports, never for its times."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_inprocess.py"
+    out_json = tmp_path / "inprocess.json"
+    out = subprocess.run([sys.executable, str(script), "--workloads", "mlp", "--pairs", "3",
+                          "--json", str(out_json)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    mlp = json.loads(out_json.read_text())["workloads"]["(g) mlp"]
+    assert mlp["pairs"] == 3 and len(mlp["blocks"]) == 3
+    # The hooks were in place: perfrun's tracker saw the hooked blocks' steps.
+    assert mlp["steps_seen"] >= 3 * mlp["block"]
+    for pair in mlp["blocks"]:
+        for kind in ("hooked", "plain"):
+            assert len(pair[kind]["wall"]) == len(pair[kind]["cpu"]) == mlp["block"]
+    for fig in (mlp, mlp["cpu"]):
+        assert fig["pct_lo"] <= fig["added_pct"] <= fig["pct_hi"]
+    assert "in thread CPU time, perfrun's hooks add" in out.stdout

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any, Callable, Optional
 
 from ..settings import Settings
@@ -132,6 +132,10 @@ class Agent(CudaSide):
         # Saves so far: count, total seconds, longest (reported in the
         # rank file, so a user can see what perfrun's flushing costs).
         self._flushes = [0, 0.0, 0.0]
+        # The flush thread's CPU time so far (its samplers, saves and the
+        # observers it made), read by itself after each round: the most it
+        # can have taken from the script's thread, through the GIL.
+        self._flush_cpu = 0.0
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -611,6 +615,7 @@ class Agent(CudaSide):
                 pass  # the disk is full or gone: the steps stay held, the final save says
             except Exception as exc:
                 self.record_fault("flush", exc)
+            self._flush_cpu = thread_time()
 
     def _append_ready(self, final: bool) -> None:
         """Append the steps that are final to the step file and let the
@@ -705,6 +710,7 @@ class Agent(CudaSide):
                     "calls": self._flushes[0],
                     "time": round(self._flushes[1], 6),
                     "max": round(self._flushes[2], 6),
+                    "thread_cpu": round(self._flush_cpu, 6),
                     "bytes": writer.bytes if writer is not None else 0,
                 },
             },
