@@ -10,7 +10,7 @@ clock, and counts per step, with and without perfrun:
 * Python bytecodes executed (sys.settrace opcode events), by file and
   function, so perfrun's share is split between its wrappers (run at each
   hooked call, inside the step) and the replay of buffered edges through
-  the step state machine (run in batches, every 20 ms);
+  the step state machine (run in batches, as often as the clock would);
 * Python function calls (sys.setprofile), perfrun's by name;
 * memory blocks allocated (sys.getallocatedblocks before and after a step
   whose buffer is not replayed: what the step leaves held);
@@ -38,7 +38,13 @@ from typing import Any, Callable
 import torch
 
 from perfrun.runtime import hooks
-from perfrun.runtime.clock import REPLAY_INTERVAL, BufferedClock, PhaseClock
+from perfrun.runtime.clock import (
+    REPLAY_EVENTS,
+    REPLAY_INTERVAL,
+    REPLAY_INTERVAL_MAX,
+    BufferedClock,
+    PhaseClock,
+)
 from perfrun.runtime.hooks import HookState
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import StepTracker
@@ -49,6 +55,9 @@ import many_modules  # noqa: E402  (workloads (e) and (f))
 
 #: Untraced steps timed to set how many steps a replay holds.
 TIMED = 200
+#: Edges workload (d) makes a step: an enter and an exit at each of its six
+#: hooked calls.
+EDGES = 12
 _NEVER = float("inf")
 
 PERFRUN_DIR = os.path.dirname(os.path.abspath(hooks.__file__))
@@ -149,16 +158,19 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     warm = 20  # the root search ends within a few steps
 
-    # The replay runs every REPLAY_INTERVAL of the script's time: as many
-    # steps as that holds untraced are replayed at once here too, and at
-    # least that many steps counted.
+    # The replay runs as often as the clock would run it untraced
+    # (BufferedClock.next_due: about REPLAY_EVENTS edges, 12 a step here,
+    # kept between REPLAY_INTERVAL and REPLAY_INTERVAL_MAX): as many steps as
+    # that holds are replayed at once here too, and at least that many
+    # steps counted.
     every = [1]
     timed = make_loop(warm + TIMED, lambda: None, every)
     timed(warm)
     began = time.perf_counter()
     timed(TIMED)
     step = (time.perf_counter() - began) / TIMED
-    every[0] = batch = max(1, round(REPLAY_INTERVAL / step))
+    wait = min(max(REPLAY_EVENTS * step / EDGES, REPLAY_INTERVAL), REPLAY_INTERVAL_MAX)
+    every[0] = batch = max(1, round(wait / step))
     n = max(args.steps, batch)
 
     plain = make_loop(warm + 3 * n + 10, lambda: None, every)

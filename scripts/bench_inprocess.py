@@ -9,7 +9,7 @@ microseconds perfrun adds to a step, so its per-step figures scatter by
 tens of microseconds. This benchmark pairs closer. One process runs the
 loops of the benchmark workloads in blocks of steps, and between blocks
 installs perfrun's hooks (`perfrun.runtime.hooks.install`, on the buffered
-clock of `--timer-only`, replaying every 20 ms as in a run) or takes them
+clock of `--timer-only`, replaying as often as in a run) or takes them
 out again (`hooks.uninstall`). The kinds of block come in a new random
 order each round, so that the machine's drift favours none. Each block's
 median step is taken after its first steps (the root search); per round,

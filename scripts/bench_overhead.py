@@ -201,7 +201,14 @@ def read_perfrun_results(log_dir: str) -> Optional[dict[str, Any]]:
             doc = json.load(f)
         window = doc.get("window_summary") or None
         steps = doc.get("steps", {})
+        flush = (doc.get("extra") or {}).get("flush") or {}
+        elapsed = doc.get("elapsed") or 0.0
         return {
+            # perfrun's flush thread's CPU time as a share of the rank's
+            # time: the most its saves and samplers can have taken from
+            # the script's thread (through the GIL).
+            "flush_cpu_share": (flush["thread_cpu"] / elapsed
+                                if "thread_cpu" in flush and elapsed > 0 else None),
             # The rows themselves, or (results format 2) their count.
             "steps": int(steps["count"]) if "count" in steps else len(steps.get("rows", [])),
             "faults": doc.get("faults", []),
@@ -344,6 +351,8 @@ def config_rows(
     cpu = (pair_stats(cpu_a, cpu_b)  # type: ignore[arg-type]
            if window is None and None not in cpu_a + cpu_b and all(cpu_a) else None)
     seen = [r.perfrun["steps"] for r in prof if r.perfrun] or None
+    shares = [r.perfrun.get("flush_cpu_share") for r in prof if r.perfrun]
+    flush_share = (statistics.median(shares) if shares and None not in shares else None)
     rows = []
     for shown, a, b in parts:
         rows.append(
@@ -363,6 +372,7 @@ def config_rows(
                 "plain_wall_s": [r.wall_s for r in plain],
                 "perfrun_wall_s": [r.wall_s for r in prof],
                 "perfrun_steps": seen,
+                "flush_cpu_share": flush_share,
                 "stats": pair_stats(a, b),
                 "cpu_stats": cpu,
                 "wall_stats": walls,
@@ -548,6 +558,8 @@ def step_table(rows: list[dict[str, Any]]) -> str:
                 else "-",
                 fmt_signed(s["diff_median"]),
                 fmt_signed(r["wall_stats"]["diff_median"]),
+                f"{r['flush_cpu_share'] * 100:.2f}%" if r.get("flush_cpu_share") is not None
+                else "-",
                 "?"
                 if not seen
                 else str(min(seen))
@@ -567,6 +579,7 @@ def step_table(rows: list[dict[str, Any]]) -> str:
         "CPU",
         "per step",
         "whole run",
+        "flush thread",
         "perfrun steps",
     ]
     return table(headers, out)
@@ -625,7 +638,9 @@ def explanation(rows: list[dict[str, Any]], runs: list[RunResult]) -> list[str]:
     notes = [
         "ratio: perfrun step / python step of two adjacent runs; per step: their difference; "
         "whole run: the difference in wall time of the whole process (start-up, torch "
-        "import, exit, report)."
+        "import, exit, report); flush thread: the CPU time of perfrun's flush thread "
+        "(saves, samplers) as a share of the rank's time, median over runs (the most it "
+        "can have taken from the script's thread)."
     ]
     windows = {r["label"]: r["window"] for r in rows if r["window"]}
     if windows:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any
 
+import pytest
+
 from perfrun.runtime.clock import PhaseClock
 from perfrun.runtime.steps import BWD, DATA, FWD, OPT, ZERO, StepTracker
 
@@ -497,3 +499,36 @@ def test_flush_thread_replays_only_a_stale_buffer() -> None:
     time.t = 10.0
     buffered.drain_stale()  # live: nothing buffered, nothing done
     assert len(inner.tracker.rows) == 1
+
+
+def test_the_replay_comes_after_about_so_many_edges_within_bounds() -> None:
+    """A replay costs about 0.2 ms whatever it holds (its own run, cold, and
+    the kernels after it): a script of long steps is replayed a few times a
+    second, not every 20 ms; one of short steps every 20 ms still, so that
+    a replay's burst stays short."""
+    from perfrun.runtime.clock import ENTER, EXIT, BufferedClock
+
+    time = FakeTime(0.0)
+    inner = PhaseClock(StepTracker("auto"), now=time)
+    buffered = BufferedClock(inner, interval=0.02, longest=0.25, events=2048)
+    assert buffered.last == 0.02
+
+    def steps(n: int, step: float) -> None:
+        for _ in range(n):
+            buffered.record((ENTER, FWD, True, "model", time.t))
+            time.t += step
+            buffered.record((EXIT, False, time.t))
+
+    # Long steps (30 ms, 2 edges each): 2,048 edges would take 30 s.
+    steps(4, 0.03)
+    buffered.drain()
+    assert buffered.last == pytest.approx(time.t + 0.25)
+    # Steps of 10 us: 2,048 edges in 10 ms; by the interval's floor, 20 ms.
+    steps(8000, 0.00001)
+    buffered.drain()
+    assert buffered.last == pytest.approx(time.t + 0.02)
+    # 2,048 edges in 100 ms: the next replay in 100 ms.
+    steps(1024, 0.1 / 1024)
+    buffered.drain()
+    assert buffered.last == pytest.approx(time.t + 0.1)
+    assert len(inner.tracker.rows) == 4 + 8000 + 1024 - 1
