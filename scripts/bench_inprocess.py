@@ -222,7 +222,7 @@ def ordinary_pairs(name: str, pairs: int, block: int, rng: random.Random) -> dic
         plain_means.append(means[False][0])
         kept.append(raw)
     plain = statistics.median(plain_means)
-    agent.clock.drain_stale()
+    agent.clock.drain()  # what is still buffered: the steps seen below
     return {"plain_step_us": plain * 1e6, "pairs": pairs, "block": block,
             # Steps perfrun's tracker committed in the hooked blocks: that
             # the hooks were in place and timing (about pairs x block).

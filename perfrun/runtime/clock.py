@@ -39,7 +39,7 @@ _NEVER = float("inf")
 #: REPLAY_INTERVAL, at most REPLAY_INTERVAL_MAX, and in between as long as
 #: the script takes to make about REPLAY_EVENTS edges.
 REPLAY_INTERVAL = 0.02
-REPLAY_INTERVAL_MAX = 0.25
+REPLAY_INTERVAL_MAX = 1.0
 REPLAY_EVENTS = 2048
 #: How long past its due time a buffer waits for the script's next edge
 #: before the flush thread replays it (BufferedClock.drain_stale).
@@ -214,8 +214,9 @@ class BufferedClock:
     after a replay is what the script takes to make about `events` edges,
     from its pace since the last one, kept between `interval` (steps of
     tens of microseconds: the burst stays about 1 ms, as before) and
-    `longest` (steps of milliseconds: 4 replays a second rather than 50,
-    of 40 to 100 edges each).
+    `longest` (steps of tens of milliseconds: one replay a second rather
+    than one a step). The flush thread saves every 2 s, so a save still
+    finds at most a second of steps not yet replayed.
     """
 
     __slots__ = ("clock", "tracker", "now", "buf", "record", "limit", "interval", "last",
