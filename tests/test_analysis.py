@@ -343,6 +343,12 @@ def test_a_rank_killed_outright_names_the_signal_and_what_it_may_have_lost() -> 
         "steps at its median step) are not in its results: a rank saves every 2 s, and "
         "SIGKILL leaves it no time to save the rest")
     assert rank_outcome(rank, ending) == "killed"
+    # Its last save held the steps up to the buffered clock's last replay,
+    # 0.8 s before it: those 0.8 s are lost too.
+    rank.data["extra"]["flush"] = {"replayed": 20.0 - 0.8}
+    assert "at most its last 2.3 s of steps (about 290 steps" in rank_problem(
+        rank, ending, step_time=8 * MS)
+    del rank.data["extra"]["flush"]
     assert rank_problem(rank, Ending(status=-9)) == (
         "killed by SIGKILL after 40 steps; the steps after its last save are not in its "
         "results: a rank saves every 2 s, and SIGKILL leaves it no time to save the rest")

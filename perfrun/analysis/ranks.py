@@ -98,6 +98,20 @@ def saved_at(rank: RankResult) -> Optional[float]:
     return None
 
 
+def steps_saved_to(rank: RankResult) -> Optional[float]:
+    """How far in time (seconds since the epoch) the steps of the rank's
+    last save reach: the buffered clock's last replay before it
+    (`extra.flush.replayed`, up to a second before the save), or the save
+    itself for a file without it."""
+    last = saved_at(rank)
+    flush = (rank.data.get("extra") or {}).get("flush")
+    replayed = flush.get("replayed") if isinstance(flush, Mapping) else None
+    started = rank.data.get("started_unix")
+    if last is not None and _number(replayed) and _number(started):
+        return min(last, float(started) + float(replayed))
+    return last
+
+
 def failed(rank: RankResult, ending: Optional[Ending] = None, alive: bool = False) -> bool:
     """Whether the rank ended other than by finishing its script (or a
     clean --stop-after): died, killed, raised, or left with a status."""
@@ -155,7 +169,7 @@ def _unsaved(rank: RankResult, ending: Ending, what: str,
         return ""
     why = (f"a rank saves every {interval:g} s, and {what} leaves it no time to save "
            "the rest")
-    last = saved_at(rank)
+    last = steps_saved_to(rank)
     if ending.by is None or last is None:
         return f"; the steps after its last save are not in its results: {why}"
     gap = max(0.0, ending.by - last)

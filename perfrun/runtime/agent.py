@@ -671,6 +671,17 @@ class Agent(CudaSide):
                 name = getattr(consumer, "__qualname__", type(consumer).__name__)
                 self.record_fault(f"rows.{name}", exc)
 
+    def _replayed_to(self) -> float:
+        """Seconds since the rank began up to which its steps are replayed
+        into the tracker (the buffered clock's last replay; now, for a live
+        clock): a save holds the steps before it, and a kill loses the ones
+        after it as well as those after the save."""
+        clock = self.clock
+        replayed = getattr(clock, "replayed", None)
+        if replayed is None or getattr(clock, "live", True) or not clock.buf:
+            return perf_counter() - self.t0
+        return float(replayed) - self.t0
+
     def document(self) -> dict[str, Any]:
         writer = self.step_writer
         device = self.sampler.summary() if self.sampler is not None else None
@@ -711,6 +722,7 @@ class Agent(CudaSide):
                     "time": round(self._flushes[1], 6),
                     "max": round(self._flushes[2], 6),
                     "thread_cpu": round(self._flush_cpu, 6),
+                    "replayed": round(self._replayed_to(), 6),
                     "bytes": writer.bytes if writer is not None else 0,
                 },
             },
