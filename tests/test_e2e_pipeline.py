@@ -252,23 +252,31 @@ def test_an_in_memory_loop_is_told_to_batch_not_to_add_workers(
     evidence = advice["evidence"]["pipeline"]
     fetch = evidence["fetch"]
     work = evidence["stages"]["dataset"] + evidence["stages"]["collate"]
-    predicted = evidence["batched_fetch_estimate"] + fetch - work
-    # Said where it pays: 10% of the step at least (about 15% on an idle
-    # machine; a machine loaded by other tests can stretch the step more
-    # than the fetch).
-    pays = work - evidence["batched_fetch_estimate"] >= 0.1 * advice["evidence"][
-        "batch_cost_avg"]
-    assert bool(batched) == pays, advice
+    estimate = evidence.get("batched_fetch_estimate")
+    predicted = None
+    if estimate is None:
+        # A machine loaded by other tests stretched the per-sample indexing
+        # past what counts as in-memory (dataload.PER_SAMPLE_CHEAP): no
+        # estimate, and then no batched index advised.
+        assert not batched, advice
+    else:
+        predicted = estimate + fetch - work
+        # Said where it pays: 10% of the step at least (about 15% on an
+        # idle machine; a machine loaded by other tests can stretch the
+        # step more than the fetch).
+        pays = work - estimate >= 0.1 * advice["evidence"]["batch_cost_avg"]
+        assert bool(batched) == pays, advice
     # Both claims, made and timed: the batched fetch is shorter, and workers
     # make the step longer.
     plain, batched_run, workers = interleaved(
         run_python, [IN_MEMORY], [IN_MEMORY, "--batched"], [IN_MEMORY, "--workers", "2"])
     figures = (f"plain {plain}, batched {batched_run}, 2 workers {workers}; "
-               f"predicted batched fetch {predicted * 1e6:.0f} us")
+               f"predicted batched fetch {predicted}")
     assert batched_run["fetch"] < 0.8 * plain["fetch"], figures
     # As short as predicted, or shorter: the prediction keeps the rest of
     # the fetch as measured, and a machine loaded by other tests lengthens it.
-    assert batched_run["fetch"] < predicted * 3, figures
+    if predicted is not None:
+        assert batched_run["fetch"] < predicted * 3, figures
     assert workers["step"] > 1.2 * plain["step"], figures
 
 
