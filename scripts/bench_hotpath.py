@@ -38,13 +38,7 @@ from typing import Any, Callable
 import torch
 
 from perfrun.runtime import hooks
-from perfrun.runtime.clock import (
-    REPLAY_EVENTS,
-    REPLAY_INTERVAL,
-    REPLAY_INTERVAL_MAX,
-    BufferedClock,
-    PhaseClock,
-)
+from perfrun.runtime.clock import BufferedClock, PhaseClock, replay_wait
 from perfrun.runtime.hooks import HookState
 from perfrun.runtime.modules import RootTracker
 from perfrun.runtime.steps import StepTracker
@@ -159,8 +153,7 @@ def main(argv: list[str]) -> int:
     warm = 20  # the root search ends within a few steps
 
     # The replay runs as often as the clock would run it untraced
-    # (BufferedClock.next_due: about REPLAY_EVENTS edges, 12 a step here,
-    # kept between REPLAY_INTERVAL and REPLAY_INTERVAL_MAX): as many steps as
+    # (clock.replay_wait, 12 edges a step here): as many steps as
     # that holds are replayed at once here too, and at least that many
     # steps counted.
     every = [1]
@@ -169,8 +162,7 @@ def main(argv: list[str]) -> int:
     began = time.perf_counter()
     timed(TIMED)
     step = (time.perf_counter() - began) / TIMED
-    wait = min(max(REPLAY_EVENTS * step / EDGES, REPLAY_INTERVAL), REPLAY_INTERVAL_MAX)
-    every[0] = batch = max(1, round(wait / step))
+    every[0] = batch = max(1, round(replay_wait(step * TIMED, EDGES * TIMED) / step))
     n = max(args.steps, batch)
 
     plain = make_loop(warm + 3 * n + 10, lambda: None, every)

@@ -532,3 +532,12 @@ def test_the_replay_comes_after_about_so_many_edges_within_bounds() -> None:
     buffered.drain()
     assert buffered.last == pytest.approx(time.t + 0.1)
     assert len(inner.tracker.rows) == 4 + 8000 + 1024 - 1
+
+
+def test_replay_wait_is_the_pace_of_so_many_edges_within_bounds() -> None:
+    from perfrun.runtime.clock import replay_wait
+
+    assert replay_wait(0.12, 8, 0.02, 1.0, 2048) == 1.0  # long steps: the ceiling
+    assert replay_wait(0.08, 16000, 0.02, 1.0, 2048) == 0.02  # short steps: the floor
+    assert replay_wait(0.1, 2048, 0.02, 1.0, 2048) == pytest.approx(0.1)
+    assert replay_wait(5.0, 0, 0.02, 1.0, 2048) == 1.0  # nothing made: the ceiling

@@ -187,15 +187,26 @@ class PhaseClock:
             self.exit()
 
 
+def replay_wait(span: float, made: int, interval: float = REPLAY_INTERVAL,
+                longest: float = REPLAY_INTERVAL_MAX, events: int = REPLAY_EVENTS) -> float:
+    """Seconds from one replay to the next for a script that made `made`
+    edges in the `span` seconds before it: what `events` edges take at that
+    pace, kept between `interval` and `longest` (BufferedClock's docstring
+    says why)."""
+    wait = events * span / made if made else longest
+    return min(max(wait, interval), longest)
+
+
 class BufferedClock:
     """The hot path when nothing needs edges live: an edge is one append of
     what the hook read.
 
     The events are replayed through the PhaseClock in batches: the same
     state machine, run with warm caches rather than once per edge between
-    torch's kernels, where it costs several times more. Used only where nothing needs a step boundary the moment it
-    happens (no NVTX tool, CUDA events, profiler window or --stop-after);
-    results lag the script by at most `interval`.
+    torch's kernels, where it costs several times more. Used only where
+    nothing needs a step boundary the moment it happens (no NVTX tool, CUDA
+    events, profiler window or --stop-after); results lag the script by at
+    most `longest`.
 
     Through the state machine an event costs about 1 us, a dozen events a
     step; so while nothing listens to step boundaries (`bulk`) the steps
@@ -341,8 +352,7 @@ class BufferedClock:
         now = self.now()
         span = now - self.replayed
         self.replayed = now
-        wait = self.events * span / replayed if replayed else self.longest
-        return now + min(max(wait, self.interval), self.longest)
+        return now + replay_wait(span, replayed, self.interval, self.longest, self.events)
 
     def _replay(self) -> None:
         buf = self.buf
