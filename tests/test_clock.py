@@ -219,6 +219,29 @@ def test_listener_sees_nested_edges_but_not_folded_calls() -> None:
     ]
 
 
+def test_a_listener_attached_as_a_step_begins_hears_that_steps_first_edge() -> None:
+    # The agent attaches the CUDA timer and the allocator's peaks at the step
+    # begin where it first sees the script's CUDA (cudaside.py), that is,
+    # inside tracker.begin for the step's first edge. That edge (step 0's
+    # DataLoader fetch) is theirs: without it, step 0's fetch had no peak.
+    clock, tracker, time = make_clock()
+    edges: list[tuple[int, bool, bool]] = []
+
+    def begin(kind: int, t: float, grad: bool = True, ident: object = None) -> bool:
+        if clock.listener is None:
+            clock.listener = lambda k, e, ev: edges.append((k, e, ev))
+        return False
+
+    tracker.begin = begin  # type: ignore[method-assign]
+    clock.enter(DATA)
+    time.run(1)
+    clock.exit()
+    clock.enter(FWD)
+    clock.exit()
+    assert edges == [(DATA, True, False), (DATA, False, False),
+                     (FWD, True, False), (FWD, False, False)]
+
+
 def test_phase_entered_after_perfrun_work_starts_when_the_work_ended() -> None:
     clock, tracker, time = make_clock()
     tracker.resume = 103.0  # e.g. the profiler exported its trace at this edge

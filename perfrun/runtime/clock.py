@@ -71,7 +71,6 @@ class PhaseClock:
         stack = self.stack
         if code == ENTER:
             _, kind, grad, ident, t = ev
-            listener = self.listener
             if stack:
                 top = stack[-1]
                 if top[0] == kind:
@@ -79,6 +78,7 @@ class PhaseClock:
                     return
                 is_eval = top[3]
                 stack.append([kind, t, 0.0, is_eval])
+                listener = self.listener
                 if listener is not None:
                     listener(kind, True, is_eval)
                 return
@@ -87,6 +87,10 @@ class PhaseClock:
             if tracker.resume > t:
                 # perfrun's own work ran at this edge (see StepTracker.own_work).
                 t = tracker.resume
+            # Read again: the step this edge began may have attached a
+            # listener (the script's CUDA seen at step begin, the window's
+            # first step), and this edge is its first phase's.
+            listener = self.listener
             if listener is not None:
                 listener(kind, True, is_eval)
             stack.append([kind, t, 0.0, is_eval])

@@ -27,7 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -502,11 +502,12 @@ def test_dataloader_workers_forked_after_cuda(tmp_path: Path, figures: Any) -> N
 
 # -- 7. overhead on a ~10 ms GPU step -----------------------------------------------------
 
-OVERHEAD_PAIRS = 5
+OVERHEAD_ROUNDS = 7
 OVERHEAD_STEPS = 200
 OVERHEAD_SKIP = 20
 #: Loose on purpose: a shared machine's noise is a few percent; a profiler
-#: that makes a 10 ms GPU step 10% slower is broken, not noisy.
+#: that makes a 10 ms GPU step 10% slower is broken, not noisy. The figures
+#: (issue targets: 0.5% in either mode) go to the note, not to an assert.
 OVERHEAD_LIMIT = 1.10
 
 
@@ -517,31 +518,35 @@ def step_ms(run: Run) -> float:
     return float(lines[0].split()[1])
 
 
-def test_default_mode_overhead_on_a_10ms_gpu_step(tmp_path: Path, figures: Any) -> None:
-    """The script's own steady-state step time (steps 20..200) under perfrun's
-    default mode against plain Python, in pairs run one after the other,
-    the order alternating so that drift in the machine's speed falls on
-    both sides; the figure is the median of the pairs' ratios."""
+def test_overhead_of_both_modes_on_a_10ms_gpu_step(tmp_path: Path, figures: Any) -> None:
+    """The script's own steady-state step time (steps 20..200, the loss read
+    every step, so the CPU waits for the GPU each step and any cost perfrun
+    adds between steps shows) under the default mode and `--timer-only`
+    against plain Python. Rounds of three runs, their order rotating so that
+    drift in the machine's speed falls on every arm; each mode's figure is
+    the median of its per-round ratios to the plain run."""
     script = str(SCRIPTS / "cuda_overhead.py")
-    args = (script, "--steps", str(OVERHEAD_STEPS), "--skip", str(OVERHEAD_SKIP))
-    plain_ms: list[float] = []
-    perfrun_ms: list[float] = []
-    for i in range(OVERHEAD_PAIRS):
-        if i % 2 == 0:
-            plain_ms.append(step_ms(python(tmp_path, *args)))
-            perfrun_ms.append(step_ms(perfrun(tmp_path, *args)))
-        else:
-            perfrun_ms.append(step_ms(perfrun(tmp_path, *args)))
-            plain_ms.append(step_ms(python(tmp_path, *args)))
-    ratios = [p / q for p, q in zip(perfrun_ms, plain_ms)]
-    median_ratio = statistics.median(ratios)
-    figures(
-        plain_step_ms=plain_ms, perfrun_step_ms=perfrun_ms,
-        ratios=[round(r, 4) for r in ratios], median_ratio=round(median_ratio, 4),
-        plain_median_ms=statistics.median(plain_ms),
-        perfrun_median_ms=statistics.median(perfrun_ms),
-    )
-    assert median_ratio < OVERHEAD_LIMIT, (ratios, plain_ms, perfrun_ms)
+    args = (script, "--item", "--steps", str(OVERHEAD_STEPS), "--skip", str(OVERHEAD_SKIP))
+    arms: dict[str, Callable[[], Run]] = {
+        "plain": lambda: python(tmp_path, *args),
+        "default": lambda: perfrun(tmp_path, *args),
+        "timer-only": lambda: perfrun(tmp_path, "--timer-only", *args),
+    }
+    names = list(arms)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(OVERHEAD_ROUNDS):
+        for name in names[i % 3:] + names[:i % 3]:
+            times[name].append(step_ms(arms[name]()))
+    found: dict[str, Any] = {"plain_step_ms": times["plain"]}
+    medians = {}
+    for mode in ("default", "timer-only"):
+        ratios = [p / q for p, q in zip(times[mode], times["plain"])]
+        medians[mode] = statistics.median(ratios)
+        found[f"{mode}_step_ms"] = times[mode]
+        found[f"{mode}_ratios"] = [round(r, 4) for r in ratios]
+        found[f"{mode}_median_ratio"] = round(medians[mode], 4)
+    figures(**found)
+    assert all(m < OVERHEAD_LIMIT for m in medians.values()), found
 
 
 # -- disturbed-measurement evidence ----------------------------------------------------

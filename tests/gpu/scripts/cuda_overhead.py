@@ -9,6 +9,12 @@ the mean step time between them (`STEP_MS`), the figure a user would quote;
 steps are not synchronised one by one, so the CPU can run ahead as it does
 in real training, and any cost perfrun adds to the CPU side only shows if it
 is large enough to starve the GPU.
+
+    cuda_overhead.py --item
+
+reads the loss every step (`loss.item()`, as loops that log or print it
+do): the CPU waits for the GPU each step, so whatever perfrun adds on the
+CPU between two steps adds to the step.
 """
 
 import argparse
@@ -24,6 +30,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=20)
     parser.add_argument("--width", type=int, default=8192)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--item", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -40,6 +47,8 @@ def main() -> None:
         loss = model(x).square().mean()
         loss.backward()
         optimizer.step()
+        if args.item:
+            loss.item()
         if step == args.skip - 1:
             torch.cuda.synchronize()
             start = time.perf_counter()
