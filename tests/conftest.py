@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +27,29 @@ from perfrun.store.results import RunResults, read_run
 # with SIGINT as a terminal gives it (a caught signal is reset on exec).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# ---------------------------------------------------------------------------
+# Scripts of the project (scripts/, tests/gpu/scripts/) imported by the tests
+# that check their pure parts, without running their main.
+# ---------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def import_file(path: Path, name: str) -> Any:
+    """The module at `path`, imported as `name` (its `__main__` block not
+    run)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
 
 # ---------------------------------------------------------------------------
 # End-to-end runs of real scripts (test_e2e_training.py)

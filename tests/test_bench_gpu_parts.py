@@ -7,11 +7,11 @@ perfrun runs and is profiled as it is without the wrapper."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import import_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_gpu_parts.py"
@@ -20,11 +20,7 @@ TRAIN = ROOT / "tests" / "scripts" / "proc_train.py"
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_gpu_parts", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_file(SCRIPT, "bench_gpu_parts")
 
 
 def test_every_part_it_switches_off_is_still_there(bench: Any) -> None:

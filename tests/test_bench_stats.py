@@ -4,25 +4,21 @@ added (the range only widens), held to its stated coverage."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import import_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_overhead.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_overhead"] = module  # its dataclasses look themselves up
     try:
-        spec.loader.exec_module(module)
-        yield module
+        yield import_file(SCRIPT, "bench_overhead")
     finally:
         sys.modules.pop("bench_overhead", None)
 

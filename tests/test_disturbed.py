@@ -9,7 +9,6 @@ run that is slower than its baseline gets no regression from the gate.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from typing import Any, Optional
 
 import pytest
 from builders import make_rank, make_rows, make_run
-from conftest import E2E_TIMEOUT, e2e_environment
+from conftest import E2E_TIMEOUT, e2e_environment, import_file
 
 from perfrun import cli
 from perfrun.analysis.disturbed import (
@@ -394,11 +393,7 @@ def _false_alarm_script() -> Any:
     """scripts/host_load_false_alarm.py, imported for its independent
     measurement of the other processes' CPU (psutil alone)."""
     path = Path(__file__).parent.parent / "scripts" / "host_load_false_alarm.py"
-    spec = importlib.util.spec_from_file_location("perfrun_host_load_false_alarm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_file(path, "perfrun_host_load_false_alarm")
 
 
 FALSE_ALARM = _false_alarm_script()

@@ -8,7 +8,6 @@ the shapes, never read back from torch.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from builders import make_rank, make_row, make_run
+from conftest import import_file
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -124,11 +124,7 @@ def test_causal_fraction() -> None:
 def _gpu_script(name: str) -> Any:
     """A script of the GPU check, imported (its `main` is not run)."""
     path = Path(__file__).parent / "gpu" / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"perfrun_gpu_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_file(path, f"perfrun_gpu_{name}")
 
 
 #: A GPT block (pre-norm causal self-attention and a 4x MLP): the very one
