@@ -87,9 +87,10 @@ class PhaseClock:
             if tracker.resume > t:
                 # perfrun's own work ran at this edge (see StepTracker.own_work).
                 t = tracker.resume
-            # Read again: the step this edge began may have attached a
-            # listener (the script's CUDA seen at step begin, the window's
-            # first step), and this edge is its first phase's.
+            # Read only now: the step this edge began may have attached a
+            # listener (the CUDA timer and the allocator's peaks, at the step
+            # begin where the script's CUDA is first seen), and this edge is
+            # that step's first phase.
             listener = self.listener
             if listener is not None:
                 listener(kind, True, is_eval)
