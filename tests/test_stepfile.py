@@ -369,6 +369,39 @@ def test_a_save_copies_and_writes_a_block_at_a_time_and_a_failed_write_loses_not
 
 
 @pytest.mark.usefixtures("no_rank_env")
+def test_a_flush_that_comes_after_the_final_save_writes_nothing(tmp_path: Path) -> None:
+    """The flush thread can be past its wait when the run ends, and then
+    takes the save lock right after the final save. On a full disk the
+    final save has just given back the space it held: a flush that
+    appended the held steps then would leave a step file with more rows
+    than the rank file counts (and says were not saved), since the
+    process exits before that flush rewrites the rank file. The final
+    save is the last word."""
+    agent = make_agent(tmp_path)
+    writer = agent.step_writer
+    real = writer._write
+    full = [True]
+
+    def write(data: bytes) -> None:
+        if full[0]:
+            raise OSError(28, "No space left on device")
+        real(data)
+
+    agent.write()  # nothing held yet: the step file has its header only
+    writer._write = write  # type: ignore[method-assign]
+    train(agent, 31)
+    agent.tracker.finish(agent.phase_clock.now())
+    agent.write(final=True)
+    size = Path(writer.path).stat().st_size
+    rank = read_rank_file(agent.path)
+    assert rank.n_steps == 0 and rank.data["unsaved"]["steps"] == 31
+    full[0] = False  # the reserve given back: room again
+    agent.write()  # the flush thread's late round
+    assert Path(writer.path).stat().st_size == size
+    assert read_rank_file(agent.path).data["unsaved"]["steps"] == 31
+
+
+@pytest.mark.usefixtures("no_rank_env")
 def test_a_batch_size_given_is_every_steps_samples(tmp_path: Path) -> None:
     payload = dataclasses.asdict(Settings(script="train.py", nvtx=False, batch_size=48))
     payload["run_dir"] = str(tmp_path)

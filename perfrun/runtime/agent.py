@@ -137,6 +137,10 @@ class Agent(CudaSide):
         # can have taken from the script's thread, through the GIL.
         self._flush_cpu = 0.0
         self._write_lock = threading.Lock()
+        # Set by the final save: a flush that takes the lock after it (the
+        # flush thread was past its wait as the run ended) writes nothing,
+        # so the step file never holds rows the rank file does not count.
+        self._final_saved = False
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._finished = False
@@ -810,8 +814,14 @@ class Agent(CudaSide):
         Steps that cannot be written (a full disk) stay held for the next
         save, and the rank file says how many and why (`unsaved`); the
         final save first gives back the space held for it, so that how
-        the run ended and how far its results got is written all the same."""
+        the run ended and how far its results got is written all the same.
+        After the final save only another final one writes (the flush
+        thread's late round would find room the reserve gave back and
+        append steps the final rank file says were not saved)."""
         with self._write_lock:
+            if self._final_saved and not final:
+                return
+            self._final_saved = self._final_saved or final
             began = perf_counter()
             try:
                 self._append_ready(final)
