@@ -21,6 +21,18 @@ perfrun adds between two steps adds to the step) under these arms:
                  recorded (its CUDA calls out, its bookkeeping in)
     no-cuda      the default mode, nothing of CUDA attached (the clock
                  buffers its edges as in --timer-only)
+    no-flush     the default mode, its flush thread asleep until the end
+                 (--flush-interval 3600): the saves' and samplers' share,
+                 and their turns at the GIL while the script's thread waits
+
+    python scripts/bench_gpu_parts.py --calls
+
+times instead, on the GPU, each call perfrun makes into torch at a phase
+edge of the default mode (microseconds a call, a matmul in flight as in a
+step): whether their sum over a step's edges is the step's added time.
+Run on this 2-core machine, perfrun's own Python on that path (the live
+clock, the step callbacks, the timer's bookkeeping, events stood in for)
+is about 10 us a step.
 
 An arm that takes a part out runs the workload through this file,
 `bench_gpu_parts.py --inside ARM WORKLOAD ARGS`: perfrun profiles that as
@@ -44,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,7 +98,9 @@ PARTS: dict[str, Callable[[], None]] = {
     "no-events": _no_events,
     "no-cuda": _no_cuda,
 }
-ARMS = ("plain", "timer-only", "default", "no-flops", *PARTS)
+ARMS = ("plain", "timer-only", "default", "no-flops", *PARTS, "no-flush")
+#: Arms that are the default mode with perfrun options added.
+OPTIONS = {"no-flops": ["--no-flops"], "no-flush": ["--flush-interval", "3600"]}
 
 
 def inside(arm: str, argv: list[str]) -> None:
@@ -102,8 +117,8 @@ def command(arm: str, workload_args: list[str], log_dir: str) -> list[str]:
                "--format", "json", "--output", os.devnull]
     if arm == "timer-only":
         return [*perfrun, "--timer-only", WORKLOAD, *workload_args]
-    if arm == "no-flops":
-        return [*perfrun, "--no-flops", WORKLOAD, *workload_args]
+    if arm in OPTIONS:
+        return [*perfrun, *OPTIONS[arm], WORKLOAD, *workload_args]
     if arm == "default":
         return [*perfrun, WORKLOAD, *workload_args]
     return [*perfrun, os.path.abspath(__file__), "--inside", arm, WORKLOAD, *workload_args]
@@ -117,9 +132,63 @@ def step_ms(cmd: list[str]) -> float:
     return float(lines[0].split()[1])
 
 
+def per_call_us(call: Callable[[], Any], n: int, clock: Callable[[], float]) -> float:
+    """Microseconds a call of `call`, over `n` calls."""
+    began = clock()
+    for _ in range(n):
+        call()
+    return (clock() - began) / n * 1e6
+
+
+def edge_calls(torch: Any, n: int = 2000) -> dict[str, float]:
+    """Each torch call the default mode makes at a phase edge, timed on
+    the GPU with a matmul of the workload's size queued behind it (the
+    calls return before it ends)."""
+    from perfrun.runtime.allocator import PeakView
+    from perfrun.runtime.gpu import work_device
+    from perfrun.runtime.modules import RootTracker
+
+    cuda = torch.cuda
+    model = torch.nn.Linear(8192, 8192, bias=False).to("cuda", torch.bfloat16)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    roots = RootTracker()
+    roots.see(model)
+    events = [cuda.Event(enable_timing=True) for _ in range(n)]
+    stream = cuda.current_stream(0)
+    it = iter(events)
+    view = PeakView(torch)
+    clock = time.perf_counter
+    out: dict[str, float] = {}
+    try:
+        for name, call in (
+            ("is_current_stream_capturing", cuda.is_current_stream_capturing),
+            ("current_stream(device)", lambda: cuda.current_stream(0)),
+            ("Event(enable_timing=True)", lambda: cuda.Event(enable_timing=True)),
+            ("Event.record(stream)", lambda: next(it).record(stream)),
+            ("work_device (first parameter)", lambda: work_device(torch, roots, 0)),
+            ("allocator read_and_reset", lambda: view.read_and_reset(0)),
+        ):
+            model(x)  # queued: the calls run while the GPU is busy
+            out[name] = per_call_us(call, n, clock)
+            cuda.synchronize()
+    finally:
+        view.undo()
+    return out
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--inside"]:
         inside(argv[1], argv[2:])
+        return 0
+    if argv[:1] == ["--calls"]:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("bench_gpu_parts.py --calls: no CUDA GPU here", file=sys.stderr)
+            return 2
+        calls = edge_calls(torch)
+        for name, us in calls.items():
+            print(f"{name:32s} {us:8.2f} us a call")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)

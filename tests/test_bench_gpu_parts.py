@@ -52,3 +52,26 @@ def test_a_script_run_inside_it_is_profiled_as_itself(run_perfrun: Any, arm: str
     rank = run.rank0()
     assert rank.n_steps == 12, run.describe()
     assert rank.data["faults"] == [], rank.data["faults"]
+
+
+@pytest.mark.slow
+def test_the_flush_asleep_arm_still_saves_every_step_at_the_end(run_perfrun: Any,
+                                                                 bench: Any) -> None:
+    """The no-flush arm's options: no save during the run, all of it at
+    the end, so the arm times the default mode less its flushes and loses
+    nothing."""
+    # 12 steps of 0.25 s: a run of 3 s, past the default flush's 2 s.
+    run = run_perfrun(*bench.OPTIONS["no-flush"], str(TRAIN), "--steps", "12", "--sleep",
+                      "0.25")
+    assert run.returncode == 0, run.describe()
+    rank = run.rank0()
+    # The two saves of the rank's start (the step file's header, then the
+    # rank file once the flush thread is up) and the final one: no flush.
+    assert rank.n_steps == 12 and rank.data["extra"]["flush"]["calls"] == 2, run.describe()
+
+
+def test_a_call_is_timed_per_call(bench: Any) -> None:
+    ticks = iter([10.0, 10.5])
+    calls: list[int] = []
+    assert bench.per_call_us(lambda: calls.append(1), 1000, lambda: next(ticks)) == 500.0
+    assert len(calls) == 1000
