@@ -30,9 +30,14 @@ perfrun adds between two steps adds to the step) under these arms:
 times instead, on the GPU, each call perfrun makes into torch at a phase
 edge of the default mode (microseconds a call, a matmul in flight as in a
 step): whether their sum over a step's edges is the step's added time.
-Run on this 2-core machine, perfrun's own Python on that path (the live
-clock, the step callbacks, the timer's bookkeeping, events stood in for)
-is about 10 us a step.
+
+    python scripts/bench_gpu_parts.py --python-path [--steps N]
+
+needs no GPU: it times perfrun's own Python on the default mode's GPU path
+(the live clock, the step callbacks, the CUDA timer's bookkeeping) in
+microseconds a step of four phases, with each CUDA call stood in for by the
+cheapest Python call that takes its place (the real calls are what --calls
+times), against the buffered clock of --timer-only.
 
 An arm that takes a part out runs the workload through this file,
 `bench_gpu_parts.py --inside ARM WORKLOAD ARGS`: perfrun profiles that as
@@ -176,6 +181,70 @@ def edge_calls(torch: Any, n: int = 2000) -> dict[str, float]:
     return out
 
 
+class _Event:
+    """Stands in for torch.cuda.Event in --python-path: recording costs a
+    Python call, the CUDA call itself is --calls' to time."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+
+def _stand_in_torch() -> Any:
+    from types import SimpleNamespace
+
+    cuda = SimpleNamespace(Event=_Event, current_stream=lambda device=None: None,
+                           is_current_stream_capturing=lambda: False,
+                           current_device=lambda: 0)
+    return SimpleNamespace(cuda=cuda)
+
+
+def python_path(steps: int, run_dir: str) -> dict[str, float]:
+    """Microseconds a step of four phases through a real rank agent: the
+    buffered clock (--timer-only, replayed), the live clock with no
+    listener, and the live clock with the CUDA timer attached as
+    cudaside.py attaches it."""
+    import dataclasses
+
+    from perfrun.runtime.agent import Agent
+    from perfrun.runtime.gpu import CudaPhaseTimer
+    from perfrun.runtime.steps import BWD, DATA, FWD, OPT
+    from perfrun.settings import Settings
+
+    def agent(arm: str) -> Any:
+        payload = dataclasses.asdict(Settings(script="train.py", nvtx=False,
+                                              timer_only=arm == "buffered"))
+        payload["run_dir"] = tempfile.mkdtemp(dir=run_dir)
+        made = Agent(payload)
+        if arm == "live":
+            made._cuda_possible = True  # live, as until the script's CUDA exists
+        elif arm == "live+timer":
+            timer = CudaPhaseTimer(_stand_in_torch(), device_of=lambda: 0,
+                                   on_fault=made._gpu_fault)
+            made.gpu_timer = timer
+            made._begin_listeners.append(timer.step_begin)
+            made._end_listeners.append(timer.step_end)
+        made._update_listener()
+        return made
+
+    def loop(made: Any, n: int) -> None:
+        clock = made.phase_clock
+        for _ in range(n):
+            for kind in (DATA, FWD, BWD, OPT):
+                clock.enter(kind)
+                clock.exit()
+        made.clock.drain()
+
+    out: dict[str, float] = {}
+    for arm in ("buffered", "live", "live+timer"):
+        made = agent(arm)
+        loop(made, 200)
+        out[arm] = per_call_us(lambda made=made: loop(made, steps), 1, time.perf_counter) / steps
+    return out
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--inside"]:
         inside(argv[1], argv[2:])
@@ -189,6 +258,12 @@ def main(argv: list[str]) -> int:
         calls = edge_calls(torch)
         for name, us in calls.items():
             print(f"{name:32s} {us:8.2f} us a call")
+        return 0
+    if argv[:1] == ["--python-path"]:
+        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 20000
+        with tempfile.TemporaryDirectory(prefix="perfrun-gpu-parts-") as run_dir:
+            for arm, us in python_path(steps, run_dir).items():
+                print(f"{arm:12s} {us:7.2f} us a step")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)

@@ -75,3 +75,30 @@ def test_a_call_is_timed_per_call(bench: Any) -> None:
     calls: list[int] = []
     assert bench.per_call_us(lambda: calls.append(1), 1000, lambda: next(ticks)) == 500.0
     assert len(calls) == 1000
+
+
+def test_the_python_path_runs_the_real_agent_with_its_cuda_calls_stood_in_for(
+    bench: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--python-path times perfrun's own code on the GPU path: the CUDA
+    timer must be attached, hear every step, and not have switched itself
+    off on the stand-in (a fault would time a path that does nothing)."""
+    from perfrun.runtime.gpu import CudaPhaseTimer
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    seen: list[CudaPhaseTimer] = []
+    real_end = CudaPhaseTimer.step_end
+
+    def step_end(self: CudaPhaseTimer, index: int, t: float, committed: bool) -> None:
+        real_end(self, index, t, committed)
+        if self not in seen:
+            seen.append(self)
+
+    monkeypatch.setattr(CudaPhaseTimer, "step_end", step_end)
+    times = bench.python_path(50, str(tmp_path))
+    assert list(times) == ["buffered", "live", "live+timer"]
+    assert all(us > 0 for us in times.values())
+    (timer,) = seen
+    assert not timer.off and timer.unknown == 0
+    assert len(timer._pending) == 200 + 50 - 1  # every committed step queued its events
