@@ -6,7 +6,7 @@ detached.
 
 Why a part of its own: what happens the moment the script's CUDA exists is
 one concern (never before it, never on the wrong device, never at a cost to
-a CPU run), and the agent's file holds the rank's lifecycle and saving.
+a CPU run), and the agent's file holds the rank's lifecycle.
 Everything here runs on the agent's own state (its listeners, settings,
 faults), so it is a base class of Agent, not an object beside it.
 """
@@ -85,7 +85,7 @@ class CudaSide:
         try:
             count = torch.cuda.device_count()
             uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
-            # Kept for a sampler the flush thread makes later (agent.py
+            # Kept for a sampler the flush thread makes later (saving.py
             # _observers); given to the one that exists now.
             self._cuda_uuids = uuids
             sampler = self.sampler

@@ -6,7 +6,7 @@ tables, faults, notes, live position) and rewrites it whole at every flush,
 so it stays a few kilobytes however long the run: the steps themselves go
 to the step file beside it (stepfile.py). A rank writes it from two places,
 before the script imports torch (runtime/lite.py) and after
-(runtime/agent.py); both build it with `rank_document`, so the two can
+(runtime/saving.py); both build it with `rank_document`, so the two can
 never disagree on its shape.
 
 Version history:
