@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -278,6 +280,40 @@ def test_an_in_memory_loop_is_told_to_batch_not_to_add_workers(
     if predicted is not None:
         assert batched_run["fetch"] < predicted * 3, figures
     assert workers["step"] > 1.2 * plain["step"], figures
+
+
+SPIN = "import time\nend = time.time() + 300\nwhile time.time() < end: pass\n"
+
+
+@pytest.mark.slow
+def test_an_in_memory_loop_on_a_loaded_machine_keeps_its_batch_in_process(
+    run_perfrun: RunPerfrun, run_python: Callable[..., bytes]
+) -> None:
+    """Two processes spin beside the run on this 2-core machine: the
+    fetch's wall time stretches, but the dataset is judged by its time
+    where a core is free, so no worker is advised, and the fetch's CPU
+    figures add up to no more than its time (a wait for a CPU around the
+    CPU clocks' reads, outside the wall clock's span, is not counted:
+    test_pipeline.py shows it on one shared core). Followed under the same
+    load, 2 workers make the step longer, as the advice says."""
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(2)]
+    try:
+        report = finished(run_perfrun(IN_MEMORY, "--epochs", "4"))
+        plain, workers = interleaved(run_python, [IN_MEMORY], [IN_MEMORY, "--workers", "2"])
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    advice = io_advice(report)
+    assert not any(a.startswith(("num_workers=", "raise num_workers"))
+                   for a in advice["actions"]), advice
+    assert any(a.startswith("keep num_workers=0: the dataset is in memory")
+               for a in advice["actions"]), advice
+    lp = main_loader(report)
+    made = stages(lp)["dataset"] + stages(lp)["collate"]
+    if lp["cpu"] is not None:  # read on a fetch once in 0.2 s, where not interrupted
+        assert lp["cpu"] + (lp["runq"] or 0.0) < 1.5 * made, (lp, made)
+    assert workers["step"] > plain["step"], (plain, workers)
 
 
 def test_workers_on_an_in_memory_loop_are_taken_away(

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +278,38 @@ def test_an_in_memory_fetch_stays_in_process_and_is_batched_where_it_pays() -> N
     assert [a.split(":")[0] for a in found.actions] == ["keep num_workers=0"]
 
 
+def test_an_in_memory_dataset_on_a_loaded_machine_is_still_in_memory() -> None:
+    """64 samples indexed at 5 us each, read as 25 us a sample because the
+    machine's other processes keep this one waiting for a CPU 80% of the
+    time: judged by its time where a core is free, it is in memory, and
+    workers (which a naive reading predicts to shorten the step by 30%)
+    are not advised: they would only copy and send the same memory."""
+    stretched = dataclasses.replace(
+        loader(batch_size=64, dataset=1.6e-3, collate=0.5e-3, cpu=0.42e-3, nbytes=200_000),
+        runq=1.68e-3)
+    found = judge(stretched, batch=3e-3, reader=2.1e-3, cores=2)
+    assert found.evidence["workers_prediction"]["gain"] > 0.25 * 3e-3
+    assert not any(a.startswith("num_workers=") for a in found.actions), found.actions
+    assert any(a.startswith("keep num_workers=0: the dataset is in memory")
+               for a in found.actions), found.actions
+    assert found.evidence["per_sample_free_core"] == pytest.approx(1.6e-3 * 0.2 / 64)
+    assert "80% waiting for a CPU" in found.message
+    # The same times with no wait for a CPU: 25 us a sample is work, and
+    # workers share it out.
+    busy = loader(batch_size=64, dataset=1.6e-3, collate=0.5e-3, nbytes=200_000)
+    found = judge(busy, batch=3e-3, reader=2.1e-3, cores=2)
+    assert found.actions[0].startswith("num_workers=2"), found.actions
+    assert "per_sample_free_core" not in found.evidence
+
+
+def test_a_stage_less_its_wait_for_a_cpu() -> None:
+    assert dataload.less_cpu_wait(0.010, None, 0.020) == 0.010
+    assert dataload.less_cpu_wait(0.010, 0.0, 0.020) == 0.010
+    assert dataload.less_cpu_wait(0.010, 0.005, 0.020) == pytest.approx(0.0075)
+    assert dataload.less_cpu_wait(0.010, 0.030, 0.020) == 0.0  # a wait past the work: none left
+    assert dataload.less_cpu_wait(0.010, 0.005, 0.0) == 0.010  # nothing to share it over
+
+
 def test_a_dataset_that_waits_gets_more_workers_than_cores() -> None:
     # 20 ms a batch, 2 ms of it CPU: reading files, not computing.
     lp = loader(dataset=0.02, collate=0.0, cpu=0.002)
@@ -305,6 +340,58 @@ def test_the_thread_clock_reads_cpu_time_and_the_wait_for_a_cpu() -> None:
         assert wait1 >= wait0  # the run queue's wait, never going back
     else:
         assert math.isnan(wait1)
+
+
+SPIN_FOREVER = "print('spinning', flush=True)\nwhile True: pass\n"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists()
+                    or not hasattr(os, "sched_setaffinity"),
+                    reason="the run queue's wait is read from Linux's schedstat")
+def test_spans_between_uninterrupted_reads_add_up_to_cpu_and_the_wait_for_one() -> None:
+    """This thread and a spinning process share one core, so the scheduler
+    switches between them every few milliseconds, around the clock's
+    reads too. A span timed from one read's end to the next one's start
+    is CPU time plus the run queue's wait, as the rank reports them,
+    wherever neither read was interrupted (READ_SLACK); the spans whose
+    reads were interrupted are the ones whose figures would not add up."""
+    from perfrun.runtime.pipeline import READ_SLACK
+
+    core = min(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN_FOREVER], stdout=subprocess.PIPE)
+    mine = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(spinner.pid, {core})
+        assert spinner.stdout is not None and spinner.stdout.readline() == b"spinning\n"
+        os.sched_setaffinity(0, {core})
+        clock = ThreadClock()
+        kept, dropped = [], []
+        for _ in range(300):
+            c0, q0, before0, t0 = clock.read_between()
+            x = 0
+            for i in range(20_000):  # about 1 ms of work
+                x += i
+            c1, q1, end, after = clock.read_between()
+            span = (end - t0, c1 - c0, q1 - q0)
+            if t0 - before0 < READ_SLACK and after - end < READ_SLACK:
+                kept.append(span)
+            else:
+                dropped.append(span)
+    finally:
+        os.sched_setaffinity(0, mine)
+        spinner.kill()
+        spinner.wait()
+    # The spinner took the core, inside spans or around the reads (where
+    # the scheduler often switches: around one span in four here, and
+    # some runs not once inside a span).
+    assert any(wait > 0 for _, _, wait in kept + dropped), "the core was never shared"
+    assert len(kept) > 150, len(dropped)
+    wall = sum(k[0] for k in kept)
+    accounted = sum(k[1] + k[2] for k in kept)
+    assert accounted == pytest.approx(wall, rel=0.05), (wall, accounted, len(dropped))
+    for span, used, wait in kept:
+        assert used + wait < span + READ_SLACK, (span, used, wait)
 
 
 def test_workers_that_keep_the_cores_busy_get_a_cheaper_getitem() -> None:

@@ -33,9 +33,10 @@ recommends a change the stages do not support:
   stacked again; one index per tensor of a batch (a BatchSampler with
   `batch_size=None`, or a `__getitems__`) does the same in one copy. Said
   when the collate is torch's own, the dataset costs little per sample
-  (PER_SAMPLE_CHEAP) and the
-  predicted fetch (from the batch's bytes: GATHER_RATE, GATHER_PER_TENSOR)
-  shortens the step by WORKERS_MIN_GAIN at least. Otherwise an in-memory
+  (PER_SAMPLE_CHEAP, its time less its wait for a CPU: a loaded machine
+  does not make indexing look like work) and the predicted fetch (from
+  the batch's bytes: GATHER_RATE, GATHER_PER_TENSOR) shortens the step by
+  WORKERS_MIN_GAIN at least. Otherwise an in-memory
   fetch is said for what it is, and that workers would not pay.
 * **No workers**: where workers make the batches in time and the main
   process waits on their transfer, the step without workers is predicted
@@ -135,6 +136,18 @@ def best_workers(compute: float, work: float, cpu_work: float, transfer: float,
     return best
 
 
+def less_cpu_wait(spent: float, runq: Optional[float], over: float) -> float:
+    """A stage's time `spent` less its share of `runq`, the time waiting for
+    a CPU measured over `over` seconds of work that includes the stage: what
+    the stage takes where a core is free. What an in-memory dataset is
+    judged by: on a loaded machine its wall time stretches with the run
+    queue, and 5 us of indexing a sample read as 25 would pass for a
+    dataset that does real work."""
+    if not runq or over <= 0:
+        return spent
+    return spent * max(0.0, 1.0 - min(runq, over) / over)
+
+
 def _bytes(n: Optional[int]) -> str:
     if n is None:
         return "?"
@@ -197,6 +210,8 @@ def _judge_main(lp: LoaderPipeline, out: Finding, batch: float, compute: float,
     runq = lp.runq if lp.runq is not None else 0.0
     samples = lp.samples
     per_sample = dataset / samples if samples else None
+    # Judged in-memory or not on the dataset's time where a core is free.
+    own_per_sample = less_cpu_wait(dataset, runq, work) / samples if samples else None
     io_wait = work > 0 and cpu_work + runq < IO_WAIT_CPU * work
     # The largest stage that a change to the loader could shorten: not the
     # time around the fetch, nor what is left unexplained.
@@ -222,7 +237,9 @@ def _judge_main(lp: LoaderPipeline, out: Finding, batch: float, compute: float,
         out.evidence["cpu_share"] = share
     out.message += "."
     transfer = transfer_estimate(lp.tensors, lp.bytes)
-    cheap = per_sample is not None and per_sample < PER_SAMPLE_CHEAP
+    cheap = own_per_sample is not None and own_per_sample < PER_SAMPLE_CHEAP
+    if own_per_sample is not None and own_per_sample < 0.95 * (per_sample or 0.0):
+        out.evidence["per_sample_free_core"] = own_per_sample
     # A collate_fn of the script's own does work of its own (padding,
     # tokenizing, augmenting) that a batched index would not do for it.
     default = lp.settings.get("collate_fn") in DEFAULT_COLLATES
@@ -351,7 +368,10 @@ def _judge_workers(lp: LoaderPipeline, out: Finding, batch: float, compute: floa
     # In-memory indexing with torch's collate, in workers: each batch is
     # memory copied once to make it and again to send it. Whether the
     # workers keep up or not, the batch belongs in the main process.
-    dataset = [w.dataset for w in timed if w.dataset is not None]
+    # Judged on the workers' dataset time where a core is free (see
+    # less_cpu_wait): their run-queue wait is measured over their busy time.
+    dataset = [less_cpu_wait(w.dataset, w.runq, w.busy or 0.0) for w in timed
+               if w.dataset is not None]
     samples = lp.samples
     per_sample = (sum(dataset) / len(dataset) / samples) if dataset and samples else None
     in_memory = (per_sample is not None and per_sample < PER_SAMPLE_CHEAP

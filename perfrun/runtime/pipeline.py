@@ -63,6 +63,12 @@ AVERAGE = 1 / 8
 #: The CPU time of the dataset and collate is read on a timed fetch at most
 #: once in so many seconds (it costs system calls, see `_attach_single`).
 CPU_EVERY = 0.2
+#: A read of the CPU clocks that takes longer than this (seconds) was
+#: interrupted: the scheduler ran another process around it, and the run
+#: queue's figure would count a wait outside the wall clock's span (or miss
+#: one inside it). Such a reading is dropped; a read takes a few
+#: microseconds, a switch away hundreds.
+READ_SLACK = 100e-6
 #: The page size, for a worker's resident memory from /proc/self/statm.
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -123,6 +129,18 @@ class ThreadClock:
             except (OSError, ValueError, IndexError):
                 self._fd = None
         return cpu(), _NAN
+
+    def read_between(self) -> tuple[float, float, float, float]:
+        """`read()` and the wall clock just before and just after it: a
+        span between two reads is timed from the first one's after to the
+        second one's before, and either read taking longer than READ_SLACK
+        makes the CPU figures of the span unknown. (The run queue's wait is
+        added as the thread gets a CPU back: a switch away just after a
+        read counts in the next read's figure and not in the span, one just
+        before a read in the read's figure and in the span.)"""
+        before = now()
+        used, waited = self.read()
+        return used, waited, before, now()
 
 
 class LoaderStages:
@@ -233,18 +251,21 @@ class Pipeline:
                 cur[1] += now() - t
 
         def fetch_and_cpu(index: Any) -> Any:
-            # The CPU clock is a system call, where a loaded machine's
-            # scheduler is apt to switch to another process: read outside
-            # the wall clock's span, so that switch is not counted in it,
-            # and on a timed fetch once in CPU_EVERY seconds only.
-            c, q = clock.read()
-            t = now()
+            # The CPU clocks are system calls (on a timed fetch once in
+            # CPU_EVERY seconds only), where a loaded machine's scheduler
+            # is apt to switch to another process: read outside the wall
+            # clock's span, and their figures kept only where neither read
+            # was interrupted (ThreadClock.read_between). Kept regardless,
+            # a 0.7 ms fetch of an in-memory dataset beside three busy
+            # processes read as 6 ms waiting for a CPU.
+            c, q, before, t = clock.read_between()
             try:
                 return orig_fetch(index)
             finally:
-                cur[1] += now() - t
-                c1, q1 = clock.read()
-                cur[3], cur[4] = c1 - c, q1 - q
+                c1, q1, end, after = clock.read_between()
+                cur[1] += end - t
+                if t - before < READ_SLACK and after - end < READ_SLACK:
+                    cur[3], cur[4] = c1 - c, q1 - q
 
         def collate_fn(batch: Any) -> Any:
             t = now()
@@ -426,6 +447,9 @@ class _Recorder:
         self.got = _NAN
         self.cpu = 0.0
         self.runq = 0.0
+        #: Whether the CPU clocks' read as the batch's task arrived was
+        #: uninterrupted (READ_SLACK).
+        self.clean = False
         self.collate = 0.0
         self.writer.append([(pipelinefile.STARTED, now(), created, _NAN, _NAN, _rss(), _NAN,
                              _NAN)])
@@ -451,9 +475,9 @@ class _IndexQueue:
         if type(r) is tuple and len(r) == 2:
             recorder = self._recorder
             recorder.task = float(r[0]) if isinstance(r[0], int) else _NAN
-            # Before the wall clock: see _attach_single's fetch.
-            recorder.cpu, recorder.runq = recorder.clock.read()
-            recorder.got = now()
+            # Outside the wall clock's span: see _attach_single's fetch.
+            recorder.cpu, recorder.runq, before, recorder.got = recorder.clock.read_between()
+            recorder.clean = recorder.got - before < READ_SLACK
             recorder.collate = 0.0
         return r
 
@@ -469,9 +493,10 @@ class _DataQueue:
         self._recorder = recorder
 
     def put(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
-        fetched = now()
         recorder = self._recorder
-        used, waited = recorder.clock.read()
+        used, waited, fetched, after = recorder.clock.read_between()
+        if not (recorder.clean and after - fetched < READ_SLACK):
+            used = waited = _NAN
         try:
             return self._queue.put(obj, *args, **kwargs)
         finally:
