@@ -234,8 +234,8 @@ def test_cpu_bound_on_a_gpu_run_quotes_the_utilisation() -> None:
     assert advice.evidence["threshold"] == GPU_UTIL_LOW
     assert advice.evidence["others_ratio"] == 25.0
     assert "average GPU utilisation below 80%: GPU0 50.0%" in advice.message
-    assert "Others (Python between the phases) is 25.0% of the step (125 ms of 500 ms)" \
-        in advice.message
+    assert ("Others (what the loop runs between the phases) is 25.0% of the step "
+            "(125 ms of 500 ms)") in advice.message
     assert gpu_bound(_inputs(rows, uses_gpu=True, device=_device((50.0, 90.0)))) == []
 
 
@@ -284,6 +284,32 @@ def test_cpu_only_run_with_a_large_others_share() -> None:
             "others_avg": 0.125, "step_avg": 0.5, "steps": 10,
         }
         assert "Others is 25.0% of each step (125 ms of 500 ms; above 20%)" in advice.message
+
+
+def test_others_is_said_as_what_a_window_saw_in_it() -> None:
+    """With a detailed window, the operators that ran in Others are named,
+    a step each, and what is left of it is the loop's own Python; without
+    one, no cause is named, only where to look."""
+    rows = _rows(dataloader=1 / 8, forward=1 / 4, others=1 / 8)
+    [plain] = cpu_bound(_inputs(rows))
+    assert "Python" not in plain.message and "window_others" not in plain.evidence
+    assert plain.actions[0].startswith("see what runs between the phases in a detailed window")
+    window = {"steps": 4, "others": {"time": 0.4, "operators": 0.3, "top": [
+        {"name": "aten::index", "calls": 8, "total": 0.2},
+        {"name": "aten::mul", "calls": 6, "total": 0.1}]}}
+    [seen] = cpu_bound(_inputs(rows, window_summary=window))
+    assert ("In the detailed window Others took 100 ms a step: operators 75.0 ms "
+            "(aten::index 50.0 ms in 2 calls, aten::mul 25.0 ms in 1.5 calls), and the "
+            "loop's own Python the other 25.0 ms.") in seen.message
+    assert seen.evidence["window_others"]["python"] == pytest.approx(0.1)
+    assert not any("detailed window" in a for a in seen.actions)
+    # A window written before Others was recorded: as without one.
+    [old] = cpu_bound(_inputs(rows, window_summary={"steps": 4}))
+    assert old.message == plain.message
+    # No DataLoader: the batch's preparation is in Others, and said so.
+    no_loader = _rows(forward=1 / 4, others=1 / 4, calls=(0, 1, 1, 1))
+    [advice] = cpu_bound(_inputs(no_loader))
+    assert "with no DataLoader, the batch's preparation among it" in advice.message
 
 
 def test_an_unseen_forward_in_others_is_not_blamed_on_the_loop() -> None:

@@ -31,6 +31,7 @@ FORWARD_FORWARD = str(SCRIPTS / "ff_train.py")
 DDP = str(SCRIPTS / "straggler_ddp.py")
 HOGWILD = str(SCRIPTS / "hogwild.py")
 GCN = str(SCRIPTS / "gcn_sparse.py")
+OTHERS_BY_HAND = str(SCRIPTS / "others_by_hand.py")
 
 
 def printed(out: str, key: str) -> float:
@@ -206,3 +207,48 @@ def test_the_window_leaves_evaluation_out_as_the_step_tables_do(run_perfrun: Run
     assert "evaluation: 5 passes in the window" in text
     evaluated = sum(m["eval_calls"] for m in modules.values())
     assert f"{evaluated} module calls in evaluation passes left out" in text
+
+
+# -- Others: what a loop written by hand runs between the phases -----------------------------
+
+
+def test_the_operators_a_loop_runs_between_the_phases_are_named_with_the_time_they_take(
+    run_perfrun: RunPerfrun,
+) -> None:
+    """A loop written from scratch slices its batch out of tensors, computes
+    its loss outside the model and updates its parameters by hand: all of
+    it Others. With a detailed window the CPU-bound advice names those
+    operators, a step each, and what they take agrees with the script's
+    own stopwatch around each part; what is left of Others is the loop's
+    own Python (here its stopwatch and its print)."""
+    run = run_perfrun("--scheduler", "10", "14", OTHERS_BY_HAND)
+    report = finished(run)
+    window = run.rank0().data["window_summary"]
+    others = window["others"]
+    steps = window["steps"]
+    assert steps == 4
+    top = {t["name"]: t for t in others["top"]}
+    # The script's stopwatch over the window's steps, a step each.
+    rows = {int(m.group(1)): [float(v) / 1e3 for v in m.groups()[1:]]
+            for m in re.finditer(r"^STEP (\d+) BATCH ([\d.]+) LOSS ([\d.]+) UPDATE ([\d.]+)$",
+                                 run.out, re.M)}
+    batch, loss, update = (statistics.mean(rows[s][k] for s in range(10, 14))
+                           for k in range(3))
+
+    def per_step(*names: str) -> float:
+        return sum(top[n]["total"] for n in names) / steps
+
+    # Each part's operators take less than its stopwatch (which also holds
+    # the Python around them), most of it, and the loss is one operator.
+    assert 0.5 * batch < per_step("aten::index") < batch, (top, batch)
+    assert 0.3 * update < per_step("aten::mul", "aten::sub_") < update, (top, update)
+    assert per_step("aten::cross_entropy_loss") == pytest.approx(loss, rel=0.5)
+    # Others holds the three parts and the loop's own lines; operators are
+    # a part of it.
+    assert batch + loss + update < others["time"] / steps, (others, batch, loss, update)
+    assert others["operators"] < others["time"]
+    [advice] = [a for a in report["advice"] if a["kind"] == "cpu-bound"]
+    assert "In the detailed window Others took" in advice["message"], advice
+    for name in ("aten::index", "aten::mul", "aten::cross_entropy_loss", "aten::sub_"):
+        assert name in advice["message"], advice
+    assert advice["evidence"]["window_others"]["python"] > 0

@@ -979,3 +979,27 @@ def test_the_window_schedule_is_torchs_without_its_warning(warm: int, active: in
     assert [schedule_action(s, warm, active) for s in range(warm + active + 3)] == [
         a.name for a in actions]
     assert len(warned) == (1 if warm == 0 else 0)  # torch's own schedule, not ours
+
+
+def test_others_is_the_steps_time_outside_the_phases_and_its_operators_are_named() -> None:
+    """Two steps of 1,000 us; phases cover 600 us of each. Between them the
+    loop runs an index (with an op nested in it, counted once), a loss and
+    a hand-written update; an op inside Forward and one before the first
+    step are not Others'."""
+    events = [
+        ann("perfrun: ProfileStep#0", 0, 1000), ann("perfrun: ProfileStep#1", 1000, 2000),
+        ann("perfrun: Forward", 100, 400), ann("perfrun: Backward", 500, 800),
+        ann("perfrun: Forward", 1100, 1400), ann("perfrun: Backward", 1500, 1800),
+        op("aten::addmm", 150, 350),  # in Forward
+        op("aten::rand", -50, -10),  # before the window's steps
+        op("aten::index", 10, 60), op("aten::slice", 20, 30),  # nested: counted once
+        op("aten::index", 1010, 1070),
+        op("aten::cross_entropy_loss", 420, 480), op("aten::cross_entropy_loss", 1420, 1490),
+        op("aten::sub_", 850, 900), op("aten::sub_", 1850, 1880),
+    ]
+    others = summarize(events)["others"]
+    assert others["time"] == pytest.approx(2 * 400e-6)
+    assert others["operators"] == pytest.approx((50 + 60 + 60 + 70 + 50 + 30) * 1e-6)
+    assert [(t["name"], t["calls"]) for t in others["top"]] == [
+        ("aten::cross_entropy_loss", 2), ("aten::index", 2), ("aten::sub_", 2)]
+    assert others["top"][0]["total"] == pytest.approx(130e-6)

@@ -397,9 +397,13 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
             share, avg, step_avg = others
             evidence.update(others_ratio=share, others_avg=avg, step_avg=step_avg)
             message += (
-                f" Others (Python between the phases) is {_percent(share)} of the step "
-                f"({duration(avg)} of {duration(step_avg)})."
+                f" Others (what the loop runs between the phases) is {_percent(share)} of "
+                f"the step ({duration(avg)} of {duration(step_avg)})."
             )
+            seen = others_seen(inp.window_summary)
+            if seen is not None:
+                message += " " + seen[0]
+                evidence["window_others"] = seen[1]
         actions = (
             "check the I/O and synchronisation advice, if any, first",
             "fewer, larger kernels: a larger batch, torch.compile, or CUDA graphs cut "
@@ -423,17 +427,61 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
     }
     message = (
         f"Others is {_percent(share)} of each step ({duration(avg)} of {duration(step_avg)}; "
-        f"above {OTHERS_SHARE_LIMIT:g}%): time in none of the four phases, spent "
-        "by the loop's own Python between the calls."
+        f"above {OTHERS_SHARE_LIMIT:g}%): time in none of the four phases, what the loop "
+        "runs between the calls perfrun times"
     )
-    # What runs there is not measured outside a window: the advice names
-    # where to look, not a cause it has not seen.
+    if inp.perf is not None and inp.perf.no_dataloader:
+        message += " (with no DataLoader, the batch's preparation among it)"
+    seen = others_seen(inp.window_summary)
+    if seen is None:
+        # What runs there is not measured outside a window: the advice
+        # names where to look, not a cause it has not seen.
+        message += "."
+        actions: tuple[str, ...] = (
+            "see what runs between the phases in a detailed window (--scheduler START END): "
+            "this advice then names the operators that run there",
+            "then move per-step logging and metrics off the step (every N steps)",
+        )
+        return [Advice("cpu-bound", message, evidence, actions)]
+    message += ". " + seen[0]
+    evidence["window_others"] = seen[1]
     actions = (
-        "see what runs between the phases in a detailed window (--scheduler START END): "
-        "its Operator and UserDefined tables list the work in Others",
-        "then move per-step logging and metrics it shows off the step (every N steps)",
+        "of the operators named, run what need not run every step (logging, metrics) every "
+        "N steps",
     )
     return [Advice("cpu-bound", message, evidence, actions)]
+
+
+def others_seen(summary: Optional[Mapping[str, Any]]) -> Optional[tuple[str, dict[str, Any]]]:
+    """What the detailed window saw in Others (trace.others_in_steps): a
+    sentence naming the operators that ran there and what is left for the
+    loop's own Python, a step each, and its evidence; None without a
+    window, or with one written before Others was recorded."""
+    if not isinstance(summary, Mapping):
+        return None
+    others = summary.get("others")
+    steps = as_int(summary.get("steps")) or 0
+    if not isinstance(others, Mapping) or steps <= 0:
+        return None
+    time = as_finite(others.get("time"))
+    ops = as_finite(others.get("operators"))
+    if time is None or ops is None or not time > 0:
+        return None
+    top = [t for t in others.get("top") or [] if isinstance(t, Mapping)
+           and isinstance(t.get("name"), str) and as_finite(t.get("total"))]
+    def each(t: Mapping[str, Any]) -> str:
+        calls = (as_int(t.get("calls")) or 0) / steps
+        count = f"{calls:.0f}" if calls == int(calls) else f"{calls:.1f}"
+        return (f"{t['name']} {duration(float(t['total']) / steps)} in {count} "
+                f"call{'' if count == '1' else 's'}")
+
+    named = ", ".join(each(t) for t in top[:5])
+    python = max(0.0, time - ops)
+    sentence = (f"In the detailed window Others took {duration(time / steps)} a step: "
+                f"operators {duration(ops / steps)}" + (f" ({named})" if named else "")
+                + f", and the loop's own Python the other {duration(python / steps)}.")
+    return sentence, {"time": time, "operators": ops, "python": python, "steps": steps,
+                      "top": [dict(t) for t in top]}
 
 
 def gpu_bound(inp: AdviceInputs) -> list[Advice]:

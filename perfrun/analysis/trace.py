@@ -415,6 +415,44 @@ def window_span(
     return "trace", [], min(e.ts for e in pool), max(e.end for e in pool)
 
 
+#: Operators named in the window's Others, the longest first.
+OTHERS_TOP = 8
+
+
+def others_in_steps(step_ivs: Sequence[Interval], phase_ranges: Sequence[Any],
+                    op_calls: Sequence[tuple[str, float, float, Any]], lo: float, hi: float,
+                    ) -> dict[str, Any]:
+    """Others in the window's steps: their time outside every phase range
+    (`time`), the part of it the operators that began there took
+    (`operators`: the union of their calls, so an operator inside another
+    counts once), and those operators by name, outermost calls only
+    (`top`, OTHERS_TOP of them). The rest of Others is the loop's own
+    Python, and whatever it called that the profiler does not record as an
+    operator. Seconds; the trace's times are microseconds."""
+    phases = merge((e.ts, e.ts + e.dur) for e in phase_ranges)
+    starts = [a for a, _ in phases]
+    steps = merge(clip(step_ivs, lo, hi))
+    step_starts = [a for a, _ in steps]
+    outside = sum(total(subtract(iv, phases)) for iv in steps) / 1e6
+    threads: dict[Any, list[tuple[float, float, str]]] = {}
+    for name, ts, dur, tid in op_calls:
+        if covers(steps, step_starts, ts) and not covers(phases, starts, ts):
+            threads.setdefault(tid, []).append((ts, -dur, name))
+    by_name: dict[str, list[float]] = {}
+    spans: list[Interval] = []
+    for calls in threads.values():
+        calls.sort()
+        end = float("-inf")
+        for ts, neg_dur, name in calls:
+            if ts >= end:  # not inside the call before it: outermost
+                end = ts - neg_dur
+                spans.append((ts, end))
+                by_name.setdefault(name, []).append(-neg_dur / 1e6)
+    top = sorted(by_name.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:OTHERS_TOP]
+    return {"time": outside, "operators": total(merge(spans)) / 1e6,
+            "top": [{"name": n, "calls": len(d), "total": sum(d)} for n, d in top]}
+
+
 def summarize(events: Iterable[Any], steps: Optional[int] = None,
               evaluation: Optional[list[Interval]] = None) -> dict[str, Any]:
     """Aggregate a window's trace events (dicts as in the JSON, or the
@@ -452,6 +490,9 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None,
     comm_cpu: list[Interval] = []
     compute_cpu: list[Interval] = []
     phase_ranges: list[Event] = []
+    # Operator calls (name, start, duration, thread): which ran between
+    # the phases, in Others.
+    op_calls: list[tuple[str, float, float, Any]] = []
     step_ivs = by_type["ProfileStep"]
     op_ivs = by_type["Operator"]
     runtime_ivs = by_type["CudaRuntime"]
@@ -478,6 +519,7 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None,
                 eval_op_time += e.dur / 1e6
                 continue
             op_ivs.append((ts, end))
+            op_calls.append((name, ts, e.dur, e.tid))
             durs = ops.get(name)
             if durs is None:
                 durs = ops[name] = []
@@ -596,6 +638,7 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None,
         if name in by_type:
             by_type[name].extend(own)
             calls[name] += 1
+    others = others_in_steps(step_ivs, phase_ranges, op_calls, lo, hi)
 
     overview = []
     for t in CPU_TYPES + GPU_TYPES:
@@ -698,6 +741,7 @@ def summarize(events: Iterable[Any], steps: Optional[int] = None,
             "operator_time": eval_op_time,
         },
         "window_gpu_tail": max(0.0, (hi - hi_cpu) / 1e6) if not every else 0.0,
+        "others": others,
         "overview": overview,
         "gpus": gpus,
         "operators": [

@@ -94,6 +94,11 @@ _WINDOW_SUMMARY = Obj({
     # The window's training time: its evaluation passes (below) are out of
     # every table, as they are out of the step rows.
     "window_time": NUMBER,
+    # The steps' time outside every phase (Others), what operators took of
+    # it (the rest: the loop's own Python) and the longest of them
+    # (outermost calls); absent from files written before it was recorded.
+    "others": Opt(Obj({"time": NUMBER, "operators": NUMBER,
+                       "top": ListOf(Obj({"name": STR, "calls": INT, "total": NUMBER}))})),
     "evaluation": Obj({"passes": INT, "time": NUMBER, "operator_calls": INT,
                        "operator_time": NUMBER}),
     # The trace file's size, its size before --max-trace-mb cut it, and
