@@ -299,8 +299,8 @@ def test_others_is_said_as_what_a_window_saw_in_it() -> None:
         {"name": "aten::mul", "calls": 6, "total": 0.1}]}}
     [seen] = cpu_bound(_inputs(rows, window_summary=window))
     assert ("In the detailed window Others took 100 ms a step: operators 75.0 ms "
-            "(aten::index 50.0 ms in 2 calls, aten::mul 25.0 ms in 1.5 calls), and the "
-            "loop's own Python the other 25.0 ms.") in seen.message
+            "(aten::index 50.0 ms in 2 calls, aten::mul 25.0 ms in 1.5 calls), and 25.0 ms "
+            "outside any operator: the loop's own Python.") in seen.message
     assert seen.evidence["window_others"]["python"] == pytest.approx(0.1)
     assert not any("detailed window" in a for a in seen.actions)
     # A window written before Others was recorded: as without one.

@@ -469,6 +469,7 @@ def others_seen(summary: Optional[Mapping[str, Any]]) -> Optional[tuple[str, dic
         return None
     top = [t for t in others.get("top") or [] if isinstance(t, Mapping)
            and isinstance(t.get("name"), str) and as_finite(t.get("total"))]
+
     def each(t: Mapping[str, Any]) -> str:
         calls = (as_int(t.get("calls")) or 0) / steps
         count = f"{calls:.0f}" if calls == int(calls) else f"{calls:.1f}"
@@ -479,7 +480,8 @@ def others_seen(summary: Optional[Mapping[str, Any]]) -> Optional[tuple[str, dic
     python = max(0.0, time - ops)
     sentence = (f"In the detailed window Others took {duration(time / steps)} a step: "
                 f"operators {duration(ops / steps)}" + (f" ({named})" if named else "")
-                + f", and the loop's own Python the other {duration(python / steps)}.")
+                + f", and {duration(python / steps)} outside any operator: the loop's own "
+                "Python.")
     return sentence, {"time": time, "operators": ops, "python": python, "steps": steps,
                       "top": [dict(t) for t in top]}
 
