@@ -32,6 +32,7 @@ DDP = str(SCRIPTS / "straggler_ddp.py")
 HOGWILD = str(SCRIPTS / "hogwild.py")
 GCN = str(SCRIPTS / "gcn_sparse.py")
 OTHERS_BY_HAND = str(SCRIPTS / "others_by_hand.py")
+DQN_TRAIN = str(SCRIPTS / "dqn_train.py")
 
 
 def printed(out: str, key: str) -> float:
@@ -252,3 +253,35 @@ def test_the_operators_a_loop_runs_between_the_phases_are_named_with_the_time_th
     for name in ("aten::index", "aten::mul", "aten::cross_entropy_loss", "aten::sub_"):
         assert name in advice["message"], advice
     assert advice["evidence"]["window_others"]["python"] > 0
+
+
+# -- no-grad forwards in every step: reinforcement learning ------------------------------------
+
+
+def test_a_dqns_no_grad_action_is_counted_in_its_step(run_perfrun: RunPerfrun) -> None:
+    """The PyTorch DQN tutorial's loop: each iteration chooses its action
+    with the policy network under no_grad (or at random), steps the
+    environment, then optimises once on a replay batch, the targets under
+    no_grad. The action's forward is no evaluation: from `nograd_from` on
+    every step holds it, step for step as the script chose, and the mean
+    step is the script's own mean iteration (before, the action was left
+    out of each step as evaluation)."""
+    run = run_perfrun(DQN_TRAIN)
+    report = finished(run)
+    out = run.out
+    acted = re.search(r"^ACTED ([01]+)$", out, re.M)
+    assert acted, out
+    acts = [int(c) for c in acted.group(1)]
+    table = np.asarray(run.rank0().table)
+    assert table.shape[0] == len(acts) == printed(out, "UPDATES")
+    [note] = [n for n in report["notes"]
+              if n.startswith("a forward under no_grad, of a module in training mode, ran")]
+    first = int(re.search(r"from step (\d+) on", note).group(1))
+    assert first <= report["title"]["warmup"], note  # before the counted steps
+    # Each whole step: the Q-network's forward, the target network's, and
+    # the action's where the policy chose it.
+    calls = table[first:, COL["forward_calls"]]
+    assert list(calls) == [2 + a for a in acts[first:]]
+    # The same iterations timed at other edges of the loop: the same mean.
+    mean = report["perf"]["batch_cost"]["avg"]
+    assert mean == pytest.approx(printed(out, "ITER_MS") / 1e3, rel=0.02)

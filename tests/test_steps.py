@@ -17,7 +17,17 @@ import pytest
 
 from perfrun.analysis.summary import perf_summary
 from perfrun.runtime.clock import PhaseClock
-from perfrun.runtime.steps import BWD, CLOSURE, DATA, FWD, MISSING, OPT, ZERO, StepTracker
+from perfrun.runtime.steps import (
+    BWD,
+    CLOSURE,
+    DATA,
+    FWD,
+    MISSING,
+    NOGRAD_STREAK,
+    OPT,
+    ZERO,
+    StepTracker,
+)
 from perfrun.store.stepfile import COL, GPU_COLUMNS, PHASES, STEP_COLUMNS
 
 # What `ident` names in the hooks (id() of the module or optimizer).
@@ -60,18 +70,19 @@ class Script:
         self.time.t += seconds
 
     @contextmanager
-    def phase(self, kind: int, ident: object = None, grad: bool = True) -> Iterator[None]:
+    def phase(self, kind: int, ident: object = None, grad: Optional[bool] = True) -> Iterator[None]:
         self.clock.enter(kind, grad, ident)
         try:
             yield
         finally:
             self.clock.exit()
 
-    def call(self, kind: int, seconds: float, ident: object = None, grad: bool = True) -> None:
+    def call(self, kind: int, seconds: float, ident: object = None,
+             grad: Optional[bool] = True) -> None:
         with self.phase(kind, ident, grad):
             self.run(seconds)
 
-    def forward(self, seconds: float, ident: object = MODEL, grad: bool = True) -> None:
+    def forward(self, seconds: float, ident: object = MODEL, grad: Optional[bool] = True) -> None:
         self.call(FWD, seconds, ident, grad)
 
     def backward(self, seconds: float) -> None:
@@ -1058,6 +1069,84 @@ def test_frozen_teacher_forward_under_no_grad_is_part_of_the_step() -> None:
     t = s.tracker
     assert (t.eval_spans, t.eval_passes, t.eval_batches, t.eval_forward_calls) == (0, 0, 0, 0)
     assert relabels == [["Dataloader", "Forward"]] * 3
+
+
+def test_no_grad_forwards_in_every_step_become_the_steps_own() -> None:
+    """A DQN: the action chosen under no_grad, the environment's step, the
+    targets under no_grad, then the Q-network's update. Left out as
+    evaluation, every step would miss a third of its time; after
+    NOGRAD_STREAK steps that each held such a span they count as Forward,
+    and the steps from `nograd_from` on are whole."""
+    s = Script()
+    for _ in range(8):
+        # No gradients, the networks in training mode (grad None: events.py).
+        s.forward(1, ident="q", grad=None)  # the action
+        s.run(2)  # the environment
+        s.forward(1, ident="target", grad=None)  # the targets
+        s.forward(3, ident="q")
+        s.backward(5)
+        s.zero_grad(1)
+        s.step(2)
+    rows = s.finish()
+    t = s.tracker
+    assert NOGRAD_STREAK == 3 and t.nograd_from == 4
+    # The first steps leave the span out, as evaluation (in the warm-up).
+    assert rows[0] == row(4, 19, forward=3, backward=5, optimization=3, excluded=4,
+                          calls=(0, 1, 1, 2))
+    # From step 4 on, the whole iteration: 3 forwards, the environment in Others.
+    for i, r in enumerate(rows[4:], start=4):
+        assert r == row(15 * i, 15 * i + 15, forward=5, backward=5, optimization=3,
+                        calls=(0, 3, 1, 2)), (i, r)
+    assert (t.eval_spans, t.eval_forward_calls) == (4, 8)  # before step 0, steps 0-2
+    assert_contiguous(rows)
+
+
+def test_a_validation_in_eval_mode_after_every_step_stays_evaluation() -> None:
+    """PyG's full-batch loop: one optimizer step an epoch, then `test()`
+    with the model in eval mode (grad False: events.py), every epoch."""
+    s = Script()
+    for _ in range(8):
+        s.zero_grad(1)
+        s.forward(4)
+        s.backward(8)
+        s.step(2)
+        s.forward(3, grad=False)
+        s.forward(3, grad=False)
+    rows = s.finish()
+    assert s.tracker.nograd_from is None and s.tracker.eval_forward_calls == 16
+    assert all(r[COL["forward_calls"]] == 1 for r in rows)
+
+
+def test_an_occasional_no_grad_pass_stays_evaluation() -> None:
+    """A validation forward every other step, and one of several forwards
+    every fifth: never in NOGRAD_STREAK steps in a row, so evaluation."""
+    s = Script()
+    for i in range(12):
+        s.zero_grad(1)
+        s.forward(4)
+        s.backward(8)
+        s.step(2)
+        if i % 2 == 0:
+            s.forward(5, grad=None)  # even in training mode
+    rows = s.finish()
+    assert s.tracker.nograd_from is None and s.tracker.eval_spans == 6
+    assert all(r[COL["forward_calls"]] == 1 for r in rows)
+
+
+def test_a_validation_loader_every_step_stays_evaluation() -> None:
+    """A no-grad fetch and forward after every step: a validation loader's
+    pass, evaluation whatever its period."""
+    s = Script()
+    for _ in range(6):
+        s.fetch(1, samples=32)
+        s.forward(4)
+        s.backward(8)
+        s.step(2)
+        s.fetch(1, grad=False, samples=32)
+        s.forward(3, grad=False)
+    rows = s.finish()
+    assert s.tracker.nograd_from is None and s.tracker.eval_forward_calls == 6
+    assert all(r[COL["forward_calls"]] == 1 for r in rows)
 
 
 def test_eval_forward_right_after_the_optimizer_step_is_evaluation() -> None:

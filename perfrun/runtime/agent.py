@@ -581,6 +581,13 @@ class Agent(CudaSide, Saving):
         except Exception as exc:
             self.record_fault("finish", exc)
         self.tracker.finish(perf_counter())
+        nograd = self.tracker.nograd_from
+        if nograd is not None:
+            self.notes.append(
+                "a forward under no_grad, of a module in training mode, ran in every step "
+                "(an action chosen, targets computed): counted in the steps' Forward from "
+                f"step {nograd} on; the steps before it leave it out, as evaluation"
+            )
         if self.flops is not None:
             try:
                 self.flops.finish()

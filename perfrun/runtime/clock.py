@@ -127,10 +127,11 @@ class PhaseClock:
         elif code == OPTIM:
             self.optimizer_built()
 
-    def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
+    def enter(self, kind: int, grad: Optional[bool] = True, ident: object = None) -> None:
         self.event((ENTER, kind, grad, ident, self.now()))
 
-    def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
+    def enter_at(self, kind: int, t: float, grad: Optional[bool] = True,
+                 ident: object = None) -> None:
         self.event((ENTER, kind, grad, ident, t))
 
     def exit(self, failed: bool = False) -> None:
@@ -304,10 +305,11 @@ class BufferedClock:
         if ev[0] == ENTER and (ev[-1] > self.last or len(self.buf) >= self.limit):  # type: ignore[index]
             self.drain()
 
-    def enter(self, kind: int, grad: bool = True, ident: object = None) -> None:
+    def enter(self, kind: int, grad: Optional[bool] = True, ident: object = None) -> None:
         self.event((ENTER, kind, grad, ident, self.now()))
 
-    def enter_at(self, kind: int, t: float, grad: bool = True, ident: object = None) -> None:
+    def enter_at(self, kind: int, t: float, grad: Optional[bool] = True,
+                 ident: object = None) -> None:
         self.event((ENTER, kind, grad, ident, t))
 
     def exit(self, failed: bool = False) -> None:

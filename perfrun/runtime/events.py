@@ -8,7 +8,9 @@ The commonest edge, a phase that ends without raising, is its time alone:
 a bare float, whose signature is None.
 
     (ENTER, kind, grad, ident, t)  a phase starts (grad: gradients were on;
-                                   ident: the module called, the optimizer
+                                   for a forward, None where they were off
+                                   and the module in training mode; ident:
+                                   the module called, the optimizer
                                    stepped, or None)
     t                              the innermost phase ends (a float)
     (EXIT, failed, t)              the same, said in full (failed: it raised)

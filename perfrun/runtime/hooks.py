@@ -107,6 +107,14 @@ class HookState:
 OFF = 1 << 30
 
 
+def _no_grad_mode(module: Any) -> Optional[bool]:
+    """A forward with gradients off, as its event records it (events.py):
+    None where the module is in training mode (a DQN's action, a target
+    network: the step's own work, steps.py), False where it is in eval
+    mode (validation)."""
+    return None if getattr(module, "training", False) is True else False
+
+
 def _mark(wrapper: Callable, original: Callable) -> Callable:
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, original)
@@ -199,7 +207,8 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 t = now()
                 if t > state.due:
                     finder.watch(t)
-                clock.record((ENTER, FWD, is_grad_enabled(), key, t))
+                # Gradients off: None for a module in training mode (events.py).
+                clock.record((ENTER, FWD, is_grad_enabled() or _no_grad_mode(args[0]), key, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:

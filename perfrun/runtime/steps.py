@@ -42,6 +42,18 @@ The rules (documented in the README):
   gradients, backward, an optimizer call) gives it back to the step, the
   forward as Forward and its batch as Dataloader. A span that starts with a
   no-grad fetch, or after the step's optimizer step, is evaluation at once.
+* A no-grad forward in every step is the step's own work, not an
+  evaluation: a DQN's action chosen and its targets computed under
+  `torch.no_grad()` by networks left in training mode. Once NOGRAD_STREAK
+  consecutive steps each held an evaluation span of such forwards alone
+  (no fetch: a validation loader's passes are evaluation whatever their
+  period; no module in eval mode: `model.eval()` says validation, as in
+  PyG's full-batch loop that tests after every epoch's one step), no-grad
+  forwards count as training from then on (`nograd_from`: the first step
+  that counts them all); a no-grad fetch stays evaluation. The steps
+  before it, in the warm-up by default, leave theirs out. The hooks tell
+  the modules' mode in `grad`: None for a no-grad forward of a module in
+  training mode, False for one in eval mode (events.py).
 * Where such a decision renames a phase already begun, the `on_relabel`
   callback names the last top-level phases again (the window's trace ranges
   follow the rows; NVTX ranges, pushed live, keep their first name).
@@ -96,6 +108,9 @@ _CLOSERS = {
     "dataloader": (DATA,),
 }
 
+#: Consecutive steps, each with a span of no-grad forwards alone, after
+#: which no-grad forwards count as the steps' own (see the rules).
+NOGRAD_STREAK = 3
 #: The first field of a close that no optimizer step made.
 _NOT_OPT = object()
 
@@ -230,6 +245,16 @@ class StepTracker:
         self.span_fetches = [0.0, 0, 0]  # time, calls, samples moved in
         self.span_forwards = [0.0, 0]  # no-grad forwards: time, calls
         self.span_events = 0  # top-level phases in the span
+        # A fetch is in the span (or fed it), or a forward of a module in
+        # eval mode: either says validation (see the rules).
+        self.span_validation = False
+        # No-grad forwards in every step (see the rules): whether the open
+        # step held a span of forwards alone, how many steps in a row did,
+        # and whether (from which step) they count as training.
+        self.step_nograd = False
+        self.nograd_steps = 0
+        self.nograd_training = False
+        self.nograd_from: Optional[int] = None
         # perfrun's own work at step boundaries (profiler start/stop/export).
         self.own_calls = 0
         self.own_time = 0.0
@@ -290,26 +315,27 @@ class StepTracker:
             self.fetch_open, self.eval_open, self.eval_held, self.eval_sure, self.in_pass,
             self.excl, self.samples, self.fixed_samples, tuple(self.acc), tuple(self.calls),
             len(self.fetches), self.lead_kind, self.lead_ident,
-            self.orphan, self.ahead.get(self.fetch_ident),
+            self.orphan, self.ahead.get(self.fetch_ident), self.nograd_training,
         )
 
-    def is_eval(self, kind: int, grad: bool) -> bool:
+    def is_eval(self, kind: int, grad: Optional[bool]) -> bool:
         return (
             not grad
-            and (kind == FWD or kind == DATA)
+            and (kind == DATA or kind == FWD and not self.nograd_training)
             and (self.optimizer_seen or self.training_seen)
         )
 
     # -- events ---------------------------------------------------------------
 
-    def begin(self, kind: int, t: float, grad: bool = True, ident: object = None) -> bool:
+    def begin(self, kind: int, t: float, grad: Optional[bool] = True,
+              ident: object = None) -> bool:
         """A top-level phase starts at `t`. `ident` names the object behind it
         (the module called, the optimizer stepped). Returns True when the
         event is evaluation (provisionally so: see the rules)."""
         # is_eval(), inlined: this runs at every phase edge.
         if (
             not grad
-            and (kind == FWD or kind == DATA)
+            and (kind == DATA or kind == FWD and not self.nograd_training)
             and (self.optimizer_seen or self.training_seen)
         ):
             self.fetch_open = False
@@ -321,11 +347,14 @@ class StepTracker:
                         self._fetches_were_training()
                 if not self.eval_open:
                     self._open_eval(t, True)
+                self.span_validation = True
             else:
                 self.prev_data = None
                 if not self.eval_open:
                     start = self.fetches[0][0] if self.fetches else t
                     self._open_eval(start, not self.open or self.closed)
+                if grad is False:
+                    self.span_validation = True  # a module in eval mode: validation
                 if self.fetches:
                     self._fetches_were_eval()
             self.span_events += 1
@@ -337,6 +366,7 @@ class StepTracker:
                 # no_grad), so the span stays open until what consumes it says.
                 self._span_is_sure()
                 self.eval_held = True
+                self.span_validation = True
             elif self.eval_sure:
                 self._close_eval()
             else:
@@ -530,6 +560,7 @@ class StepTracker:
         self.span_fetches = [0.0, 0, 0]
         self.span_forwards = [0.0, 0]
         self.span_events = 0
+        self.span_validation = bool(self.fetches)
         if not self.in_pass:
             self.in_pass = True
             self.eval_passes += 1
@@ -588,6 +619,8 @@ class StepTracker:
                             + ["Forward"] * (self.span_events - data[1]))
 
     def _close_eval(self) -> None:
+        if not self.span_validation:
+            self.step_nograd = True  # forwards alone: see the rules
         self.eval_open = False
         self.eval_held = False
         span = self.eval_last - self.eval_start
@@ -654,6 +687,16 @@ class StepTracker:
 
     def _write(self, start: float, end: float, a: list, c: list, samples: int,
                excl: float) -> None:
+        if self.step_nograd:
+            self.step_nograd = False
+            self.nograd_steps += 1
+            if self.nograd_steps >= NOGRAD_STREAK and not self.nograd_training:
+                # The step that opens now may have left its own out (a
+                # forward before its leading event): the next one is whole.
+                self.nograd_training = True
+                self.nograd_from = self.committed + 2
+        else:
+            self.nograd_steps = 0
         origin = self.origin
         self.buf.frombytes(
             _ROW.pack(
