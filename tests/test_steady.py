@@ -41,7 +41,8 @@ class Stream:
         self.t += self.rng.uniform(1e-5, 2e-3)
         return self.t
 
-    def phase(self, kind: int, ident: Any = None, grad: bool = True, inner: Callable[[], None]
+    def phase(self, kind: int, ident: Any = None, grad: bool | None = True,
+              inner: Callable[[], None]
               | None = None, failed: bool = False) -> None:
         self.events.append((ENTER, kind, grad, ident, self.tick()))
         if inner is not None:
@@ -92,6 +93,14 @@ def teacher(s: Stream) -> None:
     s.phase(OPT, OPTIMIZER)
 
 
+def act(s: Stream) -> None:
+    """A DQN's iteration: the action and the targets under no_grad by
+    networks in training mode (grad None), then the update."""
+    s.phase(FWD, MODEL, grad=None)
+    s.phase(FWD, TEACHER, grad=None)
+    train_step(s, loader=False)
+
+
 def lbfgs(s: Stream) -> None:
     s.fetch()
 
@@ -132,6 +141,7 @@ REGIMES = [
     lambda s: train_step(s, loader=False),
     accumulate,
     teacher,
+    act,
     lbfgs,
     failing_forward,
     eval_pass,
@@ -166,6 +176,7 @@ def settled(tracker: StepTracker, clock: PhaseClock) -> tuple:
         tracker.eval_time, tracker.eval_spans, tracker.eval_passes, tracker.eval_batches,
         tracker.eval_forward_calls, tracker.init_calls, tracker.init_time,
         tracker.stop_calls, tracker.stop_time, tracker.own_calls,
+        tracker.step_nograd, tracker.nograd_steps, tracker.nograd_from,
         tracker.committed, tracker.committed == tracker.base + tracker.held, tracker.base,
         [list(e) for e in clock.stack],
     )
@@ -224,6 +235,30 @@ def test_generated_streams_replay_in_bulk_to_the_same_bytes(seed: int) -> None:
     assert bulk_rows == rows
     # (base differs: the bulk replay's writer took rows; the rest is equal.)
     assert bulk_state[:-2] == state[:-2] and bulk_state[-1] == state[-1]
+
+
+def test_steps_replayed_in_bulk_break_a_run_of_no_grad_steps() -> None:
+    """A steady loop with a DQN iteration every 60 steps: never three steps
+    in a row with no-grad forwards, in bulk as event by event (the steps
+    committed in bulk end the run as the state machine's do)."""
+    s = Stream(random.Random(5))
+    s.events.append((OPTIM,))
+    for _ in range(4):
+        for _ in range(60):
+            train_step(s, loader=False)
+        act(s)
+    rows, state = by_event(s.events)
+    inner = CountingClock(make_tracker("auto", None))
+    clock = BufferedClock(inner, interval=float("inf"))
+    for ev in s.events:
+        clock.record(ev)
+    clock.drain()
+    assert inner.seen < len(s.events) / 2  # the steady loop went in bulk
+    assert settled(inner.tracker, inner)[:-2] == state[:-2]
+    assert inner.tracker.nograd_from is None and inner.tracker.nograd_steps <= 1
+    inner.unwind()
+    inner.tracker.finish(inner.now())
+    assert inner.tracker.buf.tobytes() == rows
 
 
 class CountingClock(PhaseClock):

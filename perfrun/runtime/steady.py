@@ -285,6 +285,7 @@ class SteadyReplay:
             times[1 + j::k] = seg if sig is None else list(map(time_of, seg))
         tracker.buf.extend(pattern.rows(times, m, tracker.origin))
         tracker.committed += m
+        tracker.nograd_steps = 0  # steps without an evaluation span (steps.py)
         t = times[-1]
         kind = pattern.lead[1]
         tracker.start = t
