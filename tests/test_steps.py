@@ -1118,8 +1118,8 @@ def test_a_validation_in_eval_mode_after_every_step_stays_evaluation() -> None:
 
 
 def test_an_occasional_no_grad_pass_stays_evaluation() -> None:
-    """A validation forward every other step, and one of several forwards
-    every fifth: never in NOGRAD_STREAK steps in a row, so evaluation."""
+    """A validation forward every other step, the model even left in
+    training mode: never in NOGRAD_STREAK steps in a row, so evaluation."""
     s = Script()
     for i in range(12):
         s.zero_grad(1)
