@@ -33,6 +33,7 @@ HOGWILD = str(SCRIPTS / "hogwild.py")
 GCN = str(SCRIPTS / "gcn_sparse.py")
 OTHERS_BY_HAND = str(SCRIPTS / "others_by_hand.py")
 DQN_TRAIN = str(SCRIPTS / "dqn_train.py")
+PPO_ROLLOUTS = str(SCRIPTS / "ppo_rollouts.py")
 
 
 def printed(out: str, key: str) -> float:
@@ -285,3 +286,23 @@ def test_a_dqns_no_grad_action_is_counted_in_its_step(run_perfrun: RunPerfrun) -
     # The same iterations timed at other edges of the loop: the same mean.
     mean = report["perf"]["batch_cost"]["avg"]
     assert mean == pytest.approx(printed(out, "ITER_MS") / 1e3, rel=0.02)
+
+
+def test_a_ppos_rollouts_are_left_out_of_its_steps_and_said_to_be_rollouts(
+    run_perfrun: RunPerfrun,
+) -> None:
+    """CleanRL's PPO loop: a rollout of 128 no-grad forwards (the agent in
+    training mode), then 16 minibatch updates, 6 times over. The updates
+    are the steps; each rollout is one no-grad pass, left out of the steps,
+    its time the script's own stopwatch around it, and said to be a
+    rollout rather than a validation. Not in every step: no note."""
+    run = run_perfrun(PPO_ROLLOUTS)
+    report = finished(run)
+    out = run.out
+    assert report["title"]["steps_recorded"] == printed(out, "UPDATES") == 96
+    [passes] = [e for e in report["extras"] if e["name"] == "Eval"]
+    assert passes["calls"] == 6
+    assert passes["time"] == pytest.approx(printed(out, "ROLLOUT_MS") / 1e3, rel=0.05)
+    assert "768 forward calls, all with the model in training mode, as in an RL rollout" \
+        in passes["detail"], passes
+    assert not any("no_grad" in n for n in report["notes"]), report["notes"]

@@ -320,3 +320,16 @@ def test_steps_that_trained_with_no_forward_timed_say_why() -> None:
     assert FORWARD_UNSEEN in render_markdown(report)
     seen = make_rows([dict(dataloader=MS, forward=MS, backward=2 * MS, optimization=MS)] * 8)
     assert FORWARD_UNSEEN not in build_report(make_run([make_rank(seen)]), warmup=0).notes
+
+
+def test_evaluation_passes_of_a_model_in_training_mode_are_said_to_be_rollouts() -> None:
+    from perfrun.analysis.report import rollouts
+
+    rollout = {"calls": 6, "batches": 0, "forward_calls": 768, "train_mode_forward_calls": 768}
+    assert rollouts(rollout)
+    # Validation: a loader's batches, or a model in eval mode, or a file
+    # written before the count was kept.
+    assert not rollouts({**rollout, "batches": 12})
+    assert not rollouts({**rollout, "train_mode_forward_calls": 0})
+    assert not rollouts({"calls": 6, "batches": 0, "forward_calls": 768})
+    assert not rollouts({"calls": 0, "forward_calls": 0, "train_mode_forward_calls": 0})

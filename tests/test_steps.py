@@ -1101,6 +1101,31 @@ def test_no_grad_forwards_in_every_step_become_the_steps_own() -> None:
     assert_contiguous(rows)
 
 
+def test_no_grad_forwards_in_training_mode_are_counted_apart_in_evaluation() -> None:
+    """A PPO: a rollout of no-grad forwards (training mode) every 4
+    updates stays evaluation, its forwards counted as training mode's; a
+    teacher's forward given back to its step is no longer counted."""
+    s = Script()
+    for _ in range(3):
+        for _ in range(5):
+            s.forward(1, grad=None)  # the rollout
+            s.run(1)
+        for _ in range(4):
+            s.zero_grad(1)
+            s.forward(2)
+            s.backward(3)
+            s.step(1)
+    s.fetch(1, samples=8)
+    s.forward(2, ident="teacher", grad=None)  # a teacher in training mode, mid-step
+    s.forward(2)
+    s.backward(3)
+    s.step(1)
+    s.finish()
+    t = s.tracker
+    assert t.nograd_from is None
+    assert (t.eval_passes, t.eval_forward_calls, t.eval_train_mode) == (3, 15, 15)
+
+
 def test_a_validation_in_eval_mode_after_every_step_stays_evaluation() -> None:
     """PyG's full-batch loop: one optimizer step an epoch, then `test()`
     with the model in eval mode (grad False: events.py), every epoch."""

@@ -373,6 +373,9 @@ def _extras(rank: RankResult) -> list[ExtraRow]:
             forwards = as_int(item.get("forward_calls"))
             if forwards:
                 parts.append(f"{forwards} forward calls")
+            if rollouts(item):
+                parts.append("all with the model in training mode, as in an RL rollout "
+                             "rather than a validation")
             detail = ", ".join(parts + ["not counted in steps"])
             if "passes" in item:
                 unit = "pass"
@@ -387,6 +390,17 @@ def _extras(rank: RankResult) -> list[ExtraRow]:
             detail = "StopIteration at the end of each epoch, not counted in steps"
         out.append(ExtraRow(name, calls, finite_or_zero(item.get("time")), detail, unit))
     return out
+
+
+def rollouts(item: Mapping[str, Any]) -> bool:
+    """Whether a rank's evaluation passes (`extra.eval`) look like data
+    collection: no batch fetched, and nearly every forward (9 in 10; a
+    nested root call is counted only in `forward_calls`) made with the
+    model in training mode under no_grad, as a PPO's rollouts are;
+    validation puts the model in eval mode (runtime/steps.py)."""
+    forwards = as_int(item.get("forward_calls")) or 0
+    train_mode = as_int(item.get("train_mode_forward_calls")) or 0
+    return forwards > 0 and not as_int(item.get("batches")) and train_mode >= 0.9 * forwards
 
 
 def _faults(ranks: Sequence[RankResult]) -> list[Fault]:

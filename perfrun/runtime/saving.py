@@ -219,6 +219,7 @@ class Saving:
                     "passes": tracker.eval_passes,
                     "batches": tracker.eval_batches,
                     "forward_calls": tracker.eval_forward_calls,
+                    "train_mode_forward_calls": tracker.eval_train_mode,
                     "time": tracker.eval_time,
                 },
                 "profiler": {"calls": tracker.own_calls, "time": tracker.own_time},

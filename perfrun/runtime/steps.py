@@ -226,6 +226,9 @@ class StepTracker:
         self.eval_time = 0.0
         self.eval_spans = 0
         self.eval_forward_calls = 0
+        # Of the evaluation spans' top-level forwards, those of a module in
+        # training mode (events.py): a PPO's rollouts, not validation.
+        self.eval_train_mode = 0
         # Evaluation passes (a pass may hold several spans when its fetches
         # run with gradients on) and the batches they fetched.
         self.in_pass = False
@@ -355,6 +358,8 @@ class StepTracker:
                     self._open_eval(start, not self.open or self.closed)
                 if grad is False:
                     self.span_validation = True  # a module in eval mode: validation
+                else:
+                    self.eval_train_mode += 1
                 if self.fetches:
                     self._fetches_were_eval()
             self.span_events += 1
@@ -551,7 +556,7 @@ class StepTracker:
 
     def _open_eval(self, t: float, sure: bool) -> None:
         self.span_undo = [self.eval_spans, self.eval_passes, self.eval_batches,
-                          self.eval_forward_calls, self.in_pass]
+                          self.eval_forward_calls, self.in_pass, self.eval_train_mode]
         self.eval_open = True
         self.eval_sure = sure
         self.eval_start = t
@@ -602,7 +607,7 @@ class StepTracker:
         the middle of a step, e.g. a frozen teacher): give the span back to
         the step, its batches as Dataloader and its forwards as Forward."""
         (self.eval_spans, self.eval_passes, self.eval_batches,
-         self.eval_forward_calls, self.in_pass) = self.span_undo
+         self.eval_forward_calls, self.in_pass, self.eval_train_mode) = self.span_undo
         self.eval_open = False
         self.eval_held = False
         data, fwd = self.span_fetches, self.span_forwards
