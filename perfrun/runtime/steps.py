@@ -253,10 +253,9 @@ class StepTracker:
         self.span_validation = False
         # No-grad forwards in every step (see the rules): whether the open
         # step held a span of forwards alone, how many steps in a row did,
-        # and whether (from which step) they count as training.
+        # and from which step they count as training (None: they do not).
         self.step_nograd = False
         self.nograd_steps = 0
-        self.nograd_training = False
         self.nograd_from: Optional[int] = None
         # perfrun's own work at step boundaries (profiler start/stop/export).
         self.own_calls = 0
@@ -318,13 +317,13 @@ class StepTracker:
             self.fetch_open, self.eval_open, self.eval_held, self.eval_sure, self.in_pass,
             self.excl, self.samples, self.fixed_samples, tuple(self.acc), tuple(self.calls),
             len(self.fetches), self.lead_kind, self.lead_ident,
-            self.orphan, self.ahead.get(self.fetch_ident), self.nograd_training,
+            self.orphan, self.ahead.get(self.fetch_ident), self.nograd_from,
         )
 
     def is_eval(self, kind: int, grad: Optional[bool]) -> bool:
         return (
             not grad
-            and (kind == DATA or kind == FWD and not self.nograd_training)
+            and (kind == DATA or kind == FWD and self.nograd_from is None)
             and (self.optimizer_seen or self.training_seen)
         )
 
@@ -338,7 +337,7 @@ class StepTracker:
         # is_eval(), inlined: this runs at every phase edge.
         if (
             not grad
-            and (kind == DATA or kind == FWD and not self.nograd_training)
+            and (kind == DATA or kind == FWD and self.nograd_from is None)
             and (self.optimizer_seen or self.training_seen)
         ):
             self.fetch_open = False
@@ -695,10 +694,9 @@ class StepTracker:
         if self.step_nograd:
             self.step_nograd = False
             self.nograd_steps += 1
-            if self.nograd_steps >= NOGRAD_STREAK and not self.nograd_training:
+            if self.nograd_steps >= NOGRAD_STREAK and self.nograd_from is None:
                 # The step that opens now may have left its own out (a
                 # forward before its leading event): the next one is whole.
-                self.nograd_training = True
                 self.nograd_from = self.committed + 2
         else:
             self.nograd_steps = 0
