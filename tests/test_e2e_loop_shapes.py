@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -34,6 +34,7 @@ GCN = str(SCRIPTS / "gcn_sparse.py")
 OTHERS_BY_HAND = str(SCRIPTS / "others_by_hand.py")
 DQN_TRAIN = str(SCRIPTS / "dqn_train.py")
 PPO_ROLLOUTS = str(SCRIPTS / "ppo_rollouts.py")
+METRICS_EVERY_STEP = str(SCRIPTS / "metrics_every_step.py")
 
 
 def printed(out: str, key: str) -> float:
@@ -109,7 +110,18 @@ def test_a_window_on_two_ranks_leaves_their_statistics_as_they_were(
 
     plain, windowed = run(), run("--scheduler", "20", "25")
     assert windowed["title"]["window_parts"] == [1, 5, 2], windowed["title"]
-    assert not any(a["kind"] == "slow-rank" for a in windowed["advice"]), windowed["advice"]
+    # No rank is said to be slow by anything like the wait: counted, rank 0's
+    # 1.5 s over the run's 50-odd counted steps is about 30 ms a step, 15
+    # of its 2 ms steps. A loaded machine can still give one rank one slow
+    # step of 10 ms (seen in a CI run), a fifth of a millisecond a step in
+    # its averages: a slow-rank advice that small is the machine's.
+    step = plain["perf"]["batch_cost"]["median"]
+    for advice in windowed["advice"]:
+        if advice["kind"] == "slow-rank":
+            evidence = advice["evidence"]
+            excess = evidence.get("loss_per_step",
+                                  evidence.get("value", 0) - evidence.get("median", 0))
+            assert excess < 2 * step, (step, advice)
     # The Perf Summary as without the window, within the noise of two runs
     # on a shared machine (2 ms steps: a loaded machine moved the median by
     # a factor of 2 between runs): the wait, counted, made the mean 12
@@ -254,6 +266,74 @@ def test_the_operators_a_loop_runs_between_the_phases_are_named_with_the_time_th
     for name in ("aten::index", "aten::mul", "aten::cross_entropy_loss", "aten::sub_"):
         assert name in advice["message"], advice
     assert advice["evidence"]["window_others"]["python"] > 0
+
+
+def script_steps(out: str) -> list[tuple[int, float]]:
+    """metrics_every_step.py's own stopwatch around its metrics: (step,
+    seconds) for each step."""
+    return [(int(m.group(1)), float(m.group(2)) / 1e3)
+            for m in re.finditer(r"^STEP (\d+) MS [\d.]+ METRICS ([\d.]+)$", out, re.M)]
+
+
+def test_metrics_logged_every_step_are_named_and_every_n_steps_gives_the_time_back(
+    run_perfrun: RunPerfrun, run_python: Callable[..., bytes]
+) -> None:
+    """A classifier that logs its accuracy, a confusion matrix and every
+    layer's gradient and weight norm after each step (metrics_every_step.py).
+    With a window the CPU-bound advice names the norms among Others'
+    operators and asks for what need not run every step to run every N
+    steps. perfrun's Others holds the metrics step for step, by the
+    script's own stopwatch around them. Followed (the metrics every 10
+    steps), and timed: the step is shorter by most of what the stopwatch
+    gives the metrics."""
+    loop = [METRICS_EVERY_STEP, "--steps", "60"]
+    windowed = run_perfrun("--scheduler", "20", "25", *loop)
+    report = finished(windowed)
+    [advice] = [a for a in report["advice"] if a["kind"] == "cpu-bound"]
+    top = [t["name"] for t in advice["evidence"]["window_others"]["top"]]
+    # 28 norms a step (14 parameters, their gradients and themselves): the
+    # first operator of Others by time, whatever the machine's load does
+    # to the rest of the order.
+    assert "aten::linalg_vector_norm" in top[:3], top
+    assert "aten::linalg_vector_norm" in advice["message"], advice
+    assert "every N steps" in advice["actions"][-1], advice
+
+    # perfrun's Others holds the metrics, step for step: the script's
+    # stopwatch around them is inside it, and it is most of it (the rest is
+    # the loop's print and stopwatch). Medians: a loaded machine's switches
+    # land anywhere.
+    table = np.asarray(windowed.rank0().table)
+    phases = [COL[k] for k in ("dataloader", "forward", "backward", "optimization", "excluded")]
+    others = table[:, COL["end"]] - table[:, COL["start"]] - table[:, phases].sum(axis=1)
+    counted = [i for i in range(5, len(table) - 1) if not 19 <= i <= 25]
+    metrics = dict(script_steps(windowed.out))
+    residue = [others[i] - metrics[i] for i in counted]
+    assert min(residue) > -20e-6, residue
+    assert statistics.median(residue) < statistics.median(metrics[i] for i in counted), residue
+
+    # Timed without perfrun, in interleaved runs, the script's own mean step:
+    # at least half of what its metrics take (nine steps in ten) comes back.
+    # On a machine loaded by other tests one timing may not show it: timed
+    # again, up to three times; advice that did not pay would fail all three.
+    # Runs of 200 steps: a mean step that two runs agree on to a tenth of a
+    # millisecond on a quiet machine.
+    timed = [METRICS_EVERY_STEP, "--steps", "200"]
+    seen = []
+    for _ in range(3):
+        each, tenth, cost = [], [], []
+        for _ in range(3):
+            out = run_python(*timed).decode()
+            each.append(printed(out, "MEAN_STEP_MS"))
+            cost.append(statistics.mean(t for i, t in script_steps(out) if i >= 5) * 1e3)
+            tenth.append(printed(run_python(*timed, "--log-every", "10").decode(),
+                                 "MEAN_STEP_MS"))
+        saved, metrics_ms = statistics.median(each) - statistics.median(tenth), \
+            statistics.median(cost)
+        seen.append(f"{saved:.3f} ms saved of {metrics_ms:.3f} ms of metrics")
+        if saved > 0.5 * 0.9 * metrics_ms:
+            break
+    else:
+        pytest.fail("; ".join(seen))
 
 
 # -- no-grad forwards in every step: reinforcement learning ------------------------------------
