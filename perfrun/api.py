@@ -96,7 +96,7 @@ def build_report(
     does not call them dead). `series=False` leaves out what only the page
     draws. The report carries the merged results too, which its JSON ends
     with, as `perfrun report --format json` prints it."""
-    from .analysis.report import build_report as build
+    from .analysis.build import build_report as build
 
     if alive is None:
         alive = live_ranks(run)

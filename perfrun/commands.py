@@ -228,7 +228,7 @@ def report(
 #: bundle packed, where it is not in the cache) by a thread of the lowest
 #: priority while the script runs, rather than after it (numpy alone is
 #: about 0.1 s), so the tables follow the script's last line at once.
-WARM_MODULES = ("numpy", "perfrun.analysis.report", "perfrun.report.table",
+WARM_MODULES = ("numpy", "perfrun.analysis.build", "perfrun.report.table",
                 "perfrun.report.jsonout", "perfrun.report.html")
 
 

@@ -30,8 +30,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .analysis import columns
+from .analysis.build import build_report
 from .analysis.pipeline import LoaderPipeline
-from .analysis.report import build_report
 from .exitcodes import ExitCode
 from .launcher.hang import position_of
 from .prose import wrap

@@ -32,9 +32,9 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from perfrun.analysis.build import build_report
 from perfrun.analysis.compare import compare_runs
 from perfrun.analysis.gate import Verdict
-from perfrun.analysis.report import build_report
 from perfrun.settings import parse_threshold
 from perfrun.store.baseline import load
 from perfrun.store.results import RunResults

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from typing import Any, Optional
 
-from perfrun.analysis.report import build_report
+from perfrun.analysis.build import build_report
 from perfrun.store.results import read_run, resolve_run_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -135,7 +135,7 @@ class PerfrunRun:
         folder."""
         if self.report_path is not None:
             return json.loads(self.report_path.read_text(encoding="utf-8"))
-        from perfrun.analysis.report import build_report
+        from perfrun.analysis.build import build_report
 
         return build_report(self.results()).to_dict()
 

@@ -32,10 +32,10 @@ from perfrun.analysis.advice import (
     sync_stalls,
     unstable_timing,
 )
+from perfrun.analysis.build import build_report
 from perfrun.analysis.device import device_summary
 from perfrun.analysis.pipeline import LoaderPipeline, PipelineSummary, Stage
 from perfrun.analysis.ranks import multi_rank_summary
-from perfrun.analysis.report import build_report
 from perfrun.analysis.summary import forward_unseen, model_summary, perf_summary
 from perfrun.report import make_console, render_json, render_markdown, render_table
 

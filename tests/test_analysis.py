@@ -11,6 +11,7 @@ import pytest
 from builders import MS, make_rank, make_row, make_rows, make_run
 from oracle import others_time, step_time
 
+from perfrun.analysis.build import build_report
 from perfrun.analysis.device import device_summary
 from perfrun.analysis.ranks import (
     Ending,
@@ -21,7 +22,6 @@ from perfrun.analysis.ranks import (
     run_endings,
     running_sentence,
 )
-from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import rank_counted, steady_rows
 from perfrun.analysis.stats import Rate, Stats, default_warmup
 from perfrun.analysis.summary import model_summary, perf_summary

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from builders import make_rank, make_rows, make_run
 
-from perfrun.analysis.report import build_report
+from perfrun.analysis.build import build_report
 from perfrun.runtime import children
 from perfrun.store import childfile, layout
 

@@ -23,10 +23,10 @@ import pytest
 
 import perfrun.analysis.rankpass as rankpass
 from perfrun.analysis import columns, digest
+from perfrun.analysis.build import build_report
 from perfrun.analysis.digest import Digest
 from perfrun.analysis.flops import median_time
 from perfrun.analysis.rankpass import Sampled, read_pass
-from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import counted, steps_range
 from perfrun.analysis.stats import Stats
 from perfrun.analysis.summary import model_summary, perf_summary

@@ -21,6 +21,7 @@ from builders import make_rank, make_rows, make_run
 from conftest import E2E_TIMEOUT, e2e_environment, import_file
 
 from perfrun import cli
+from perfrun.analysis.build import build_report
 from perfrun.analysis.disturbed import (
     flags_of,
     gpu_flags,
@@ -28,7 +29,6 @@ from perfrun.analysis.disturbed import (
     run_flags,
 )
 from perfrun.analysis.gate import Verdict, disturbed_verdict, gate
-from perfrun.analysis.report import build_report
 from perfrun.exitcodes import ExitCode
 from perfrun.report.markdown import render_markdown
 from perfrun.store.runmeta import RUN_META

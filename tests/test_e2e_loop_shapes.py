@@ -214,7 +214,7 @@ def test_the_window_leaves_evaluation_out_as_the_step_tables_do(run_perfrun: Run
     # The validation's argmax runs between its two forwards, in the pass.
     ops = {o["name"]: o for o in summary["operators"]}
     assert ops.get("aten::argmax", {"calls": 0})["calls"] <= steps
-    from perfrun.analysis.report import build_report
+    from perfrun.analysis.build import build_report
     from perfrun.api import render
 
     text = render(build_report(run.results()))

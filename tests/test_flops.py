@@ -22,6 +22,7 @@ from conftest import import_file
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from perfrun.analysis.build import build_report
 from perfrun.analysis.flops import (
     achieved,
     counted_step,
@@ -31,7 +32,6 @@ from perfrun.analysis.flops import (
     mfu,
 )
 from perfrun.analysis.peaks import PEAKS, dtype_key, match_gpu, peak_for
-from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import steady_table
 from perfrun.runtime import hooks
 from perfrun.runtime.clock import PhaseClock

@@ -28,7 +28,7 @@ from conftest import e2e_environment
 from perfrun import commands
 from perfrun.analysis import columns
 from perfrun.analysis import series as page_series
-from perfrun.analysis.report import build_report
+from perfrun.analysis.build import build_report
 from perfrun.analysis.selection import profiled_steps, steady_table
 from perfrun.report import html as page
 from perfrun.report.primitives import fmt_sig

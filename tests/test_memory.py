@@ -261,7 +261,7 @@ def test_a_rank_the_oom_killer_ends_is_named_with_its_step(memory_cgroup: str,
     import subprocess
     import sys
 
-    from perfrun.analysis.report import build_report
+    from perfrun.analysis.build import build_report
     from perfrun.store.results import read_run
 
     log = tmp_path / "log"

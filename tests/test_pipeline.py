@@ -25,6 +25,7 @@ from builders import MS, make_rank, make_rows, make_run
 from torch.utils.data import DataLoader, TensorDataset
 
 from perfrun.analysis import dataload
+from perfrun.analysis.build import build_report
 from perfrun.analysis.dataload import CONTENTION, judge, predicted_step, transfer_estimate
 from perfrun.analysis.pipeline import (
     HELD_WAIT,
@@ -33,7 +34,6 @@ from perfrun.analysis.pipeline import (
     summarize,
     workers_of,
 )
-from perfrun.analysis.report import build_report
 from perfrun.report import render_markdown
 from perfrun.report.summary_blocks import NO_DATALOADER
 from perfrun.runtime.pipeline import (

@@ -24,10 +24,10 @@ import pytest
 
 import perfrun.analysis.rankpass as rankpass
 from perfrun.analysis import columns, series
+from perfrun.analysis.build import build_report
 from perfrun.analysis.flops import median_time
 from perfrun.analysis.rankpass import Picked, SampleTally, read_pass
 from perfrun.analysis.ranks import STRAGGLER_STEPS, straggler_steps
-from perfrun.analysis.report import build_report
 from perfrun.analysis.selection import counted, rank_counted, steps_range
 from perfrun.analysis.summary import model_summary, perf_summary
 from perfrun.report import html as page

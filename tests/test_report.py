@@ -11,7 +11,8 @@ import re
 import pytest
 from builders import MS, make_rank, make_rows, make_run
 
-from perfrun.analysis.report import Report, build_report
+from perfrun.analysis.build import build_report
+from perfrun.analysis.report import Report
 from perfrun.report import make_console, render, render_json, render_markdown, render_table
 from perfrun.report.markdown import _cell, _code
 
@@ -323,7 +324,7 @@ def test_steps_that_trained_with_no_forward_timed_say_why() -> None:
 
 
 def test_evaluation_passes_of_a_model_in_training_mode_are_said_to_be_rollouts() -> None:
-    from perfrun.analysis.report import rollouts
+    from perfrun.analysis.build import rollouts
 
     rollout = {"calls": 6, "batches": 0, "forward_calls": 768, "train_mode_forward_calls": 768}
     assert rollouts(rollout)

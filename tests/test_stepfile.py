@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from perfrun.analysis.report import build_report
+from perfrun.analysis.build import build_report
 from perfrun.runtime.agent import Agent
 from perfrun.settings import Settings
 from perfrun.store.files import ResultsError

@@ -15,8 +15,8 @@ import pytest
 from builders import MS, make_rank, make_run
 
 from perfrun.analysis.advice import AdviceInputs, slow_ranks
+from perfrun.analysis.build import build_report
 from perfrun.analysis.ranks import multi_rank_summary
-from perfrun.analysis.report import build_report
 from perfrun.analysis.straggler import (
     CULPRIT_MIN_CONSISTENCY,
     RankSteps,

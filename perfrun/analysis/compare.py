@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from perfrun.analysis import columns
+from perfrun.analysis.build import build_report
 from perfrun.analysis.gate import GateResult, disturbed_verdict, gate
-from perfrun.analysis.report import Report, build_report
+from perfrun.analysis.report import Report
 from perfrun.analysis.selection import steady_table
 from perfrun.store.results import RunResults
 
