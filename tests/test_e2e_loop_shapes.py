@@ -35,6 +35,7 @@ OTHERS_BY_HAND = str(SCRIPTS / "others_by_hand.py")
 DQN_TRAIN = str(SCRIPTS / "dqn_train.py")
 PPO_ROLLOUTS = str(SCRIPTS / "ppo_rollouts.py")
 METRICS_EVERY_STEP = str(SCRIPTS / "metrics_every_step.py")
+PYG_GRAPHS = str(SCRIPTS / "pyg_graphs.py")
 
 
 def printed(out: str, key: str) -> float:
@@ -334,6 +335,36 @@ def test_metrics_logged_every_step_are_named_and_every_n_steps_gives_the_time_ba
             break
     else:
         pytest.fail("; ".join(seen))
+
+
+# -- a graph classifier in PyG: its batches, its test loop -----------------------------
+
+
+def test_pyg_mini_batches_count_graphs_and_its_test_loop_is_evaluation(
+    run_perfrun: RunPerfrun,
+) -> None:
+    """PyG's graph classification tutorial (pyg_graphs.py): its DataLoader
+    collates graphs into a Batch, whose tensors count nodes; its test loop
+    runs `model.eval()` with gradients on over both loaders after each
+    epoch. Each step is one training batch, its samples the graphs the
+    script counts in it; the test passes are the Eval line's, not the next
+    epoch's first step (before: 5 fetches, 252 samples and 4 times the
+    step's time there, and no samples/s anywhere)."""
+    run = run_perfrun(PYG_GRAPHS)
+    report = finished(run)
+    graphs = [int(g) for g in re.findall(r"^GRAPHS (\d+)$", run.out, re.M)]
+    assert graphs == [64, 64, 22] * 4
+    table = np.asarray(run.rank0().table)
+    assert table[:, COL["samples"]].tolist() == graphs
+    assert (table[:, COL["dataloader_calls"]] == 1).all()
+    # The model and the loss module, once a step.
+    assert (table[:, COL["forward_calls"]] == 2).all()
+    evaluation = run.rank0().data["extra"]["eval"]
+    # Per epoch: 3 batches of the training set and 1 of the test set, a
+    # forward each, in one pass (the two loops run back to back).
+    assert (evaluation["batches"], evaluation["passes"]) == (16, 4), evaluation
+    assert report["perf"]["samples_ips"] is not None
+    assert sum(graphs) == printed(run.out, "TRAIN_GRAPHS")
 
 
 # -- no-grad forwards in every step: reinforcement learning ------------------------------------

@@ -17,6 +17,7 @@ import pytest
 
 from perfrun.analysis.summary import perf_summary
 from perfrun.runtime.clock import PhaseClock
+from perfrun.runtime.events import EVAL_MODE
 from perfrun.runtime.steps import (
     BWD,
     CLOSURE,
@@ -710,6 +711,87 @@ def test_eval_pass_between_training_steps_is_excluded() -> None:
     summary = perf_summary(rows)
     assert summary.steps == 4
     assert (summary.batch_cost.avg, summary.batch_cost.max) == (20.0, 20.0)
+
+
+def eval_mode_pass(s: Script, batches: int) -> None:
+    """A test loop written with `model.eval()` and no `torch.no_grad()` (as
+    PyG's tutorials write it): gradients on, the model in eval mode;
+    iterator 2, then per batch fetch 1, forward 3, body 1, and the
+    exhausted fetch 1."""
+    s.new_iterator(2)
+    for _ in range(batches):
+        s.fetch(1, samples=16)
+        s.forward(3, grad=EVAL_MODE)
+        s.run(1)
+    s.exhausted(1)
+
+
+def test_an_eval_mode_pass_with_gradients_on_is_evaluation() -> None:
+    """Two epochs, each a test pass over two loaders after its training
+    batches: the passes are evaluation as if under no_grad (before, their
+    batches were the next epoch's first step's: 5 fetches, 5 forwards and
+    96 samples more)."""
+    s = Script()
+    for _epoch in range(2):
+        s.new_iterator(2)
+        for _ in range(2):
+            train_batch(s)
+        s.exhausted(1)
+        eval_mode_pass(s, 2)
+        eval_mode_pass(s, 1)
+    rows = s.finish()
+    assert [r[COL["samples"]] for r in rows] == [32] * 4
+    assert [step_time(r) for r in rows] == [20] * 4
+    assert [r[COL["dataloader_calls"]] for r in rows] == [1] * 4
+    t = s.tracker
+    # Both loaders' passes, one after the other: one span an epoch.
+    assert (t.eval_batches, t.eval_forward_calls, t.eval_passes) == (6, 6, 2)
+
+
+def test_a_model_left_in_eval_mode_that_trains_keeps_its_steps() -> None:
+    """A loop that evaluated with `model.eval()` and never called
+    `model.train()` again: its forwards run in eval mode with gradients on
+    and backward follows each. They are training, step for step, as
+    before the mode was looked at."""
+    def steps(grad: Any) -> list[list[Any]]:
+        s = Script()
+        relabels: list[list[str]] = []
+        s.tracker.on_relabel = relabels.append
+        s.new_iterator(2)
+        for _ in range(4):
+            s.fetch(1, samples=32)
+            s.zero_grad(1)
+            s.forward(4, grad=grad)
+            s.forward(1, LOSS)
+            s.backward(8)
+            s.step(2)
+            s.run(3)
+        s.exhausted(1)
+        t = s.tracker
+        assert t.eval_spans == t.eval_batches == t.eval_forward_calls == 0
+        # Each step's forward was held back, then given back.
+        assert relabels == ([] if grad is True else [["Forward"]] * 4)
+        return s.finish()
+
+    assert steps(EVAL_MODE) == steps(True)
+
+
+def test_without_a_training_dataloader_an_eval_mode_forward_stays_training() -> None:
+    """No loader leads the steps (a replay buffer, tensors sliced by hand):
+    a forward in eval mode with gradients on is counted as it always was,
+    one step per iteration."""
+    def steps(grad: Any) -> list[list[Any]]:
+        s = Script()
+        for _ in range(4):
+            s.zero_grad(1)
+            s.forward(4, grad=grad)
+            s.backward(8)
+            s.step(2)
+            s.run(3)
+        return s.finish()
+
+    assert steps(EVAL_MODE) == steps(True)
+    assert len(steps(EVAL_MODE)) == 4
 
 
 def test_eval_pass_inside_a_step_is_excluded() -> None:

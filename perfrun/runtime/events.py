@@ -9,9 +9,10 @@ a bare float, whose signature is None.
 
     (ENTER, kind, grad, ident, t)  a phase starts (grad: gradients were on;
                                    for a forward, None where they were off
-                                   and the module in training mode; ident:
-                                   the module called, the optimizer
-                                   stepped, or None)
+                                   and the module in training mode, and
+                                   EVAL_MODE where they were on and the
+                                   module in eval mode; ident: the module
+                                   called, the optimizer stepped, or None)
     t                              the innermost phase ends (a float)
     (EXIT, failed, t)              the same, said in full (failed: it raised)
     (FETCHED, samples, t)          the innermost phase, a fetch, ends with a
@@ -36,6 +37,12 @@ from __future__ import annotations
 from operator import itemgetter
 
 ENTER, EXIT, FETCHED, STOP, ITER, OPTIM = range(6)
+
+#: A forward's `grad` where gradients were on and the module in eval mode:
+#: a validation written without `torch.no_grad()` (`model.eval()` alone, as
+#: PyG's tutorials write their test loop), or a module kept in eval mode
+#: while it trains (steps.py decides which). Truthy and unequal to True.
+EVAL_MODE = 2
 
 #: A tuple event's signature: all of it but its time.
 signature = itemgetter(slice(0, -1))

@@ -56,18 +56,20 @@ Rules every wrapper follows:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
 import threading
 import types
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from perfrun.store.layout import rank_stem
 
 from . import children
-from .events import ENTER, EXIT, FETCHED, ITER, OPTIM, STOP
+from .events import ENTER, EVAL_MODE, EXIT, FETCHED, ITER, OPTIM, STOP
 from .steps import BWD, CLOSURE, DATA, FWD, OPT, ZERO
 
 _MARK = "__perfrun_wrapped__"
@@ -207,8 +209,9 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 t = now()
                 if t > state.due:
                     finder.watch(t)
-                # Gradients off: None for a module in training mode (events.py).
-                clock.record((ENTER, FWD, is_grad_enabled() or _no_grad_mode(args[0]), key, t))
+                # The module's mode with the gradients' state (events.py).
+                clock.record((ENTER, FWD, (True if args[0].training else EVAL_MODE)
+                              if is_grad_enabled() else _no_grad_mode(args[0]), key, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:
@@ -840,22 +843,32 @@ def skip_frame(fn: Callable) -> None:
 
 
 def _batch_size(batch: Any, depth: int = 0) -> int:
-    """Samples in a batch: the first dimension of the first tensor found."""
+    """Samples in a batch: what the batch says it holds where it says so
+    (a graph batch's `batch_size`, PyG's and DGL's: its first tensor counts
+    nodes, not graphs), else the first dimension of the first tensor found,
+    in a list or tuple, a mapping (a dict, or Hugging Face's BatchEncoding,
+    which every tokenizer-backed data collator returns and which is not a
+    dict) or a dataclass's fields, in order."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 0
     if depth > 3:
         return 0
     if isinstance(batch, (list, tuple)):
-        for item in batch:
-            n = _batch_size(item, depth + 1)
-            if n:
-                return n
-    elif isinstance(batch, dict):
-        for item in batch.values():
-            n = _batch_size(item, depth + 1)
-            if n:
-                return n
+        items: Any = batch
+    elif isinstance(batch, Mapping):
+        items = batch.values()
+    else:
+        size = getattr(batch, "batch_size", None)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+        if not dataclasses.is_dataclass(batch) or isinstance(batch, type):
+            return 0
+        items = (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
+    for item in items:
+        n = _batch_size(item, depth + 1)
+        if n:
+            return n
     return 0
 
 

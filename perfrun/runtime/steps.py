@@ -35,6 +35,12 @@ The rules (documented in the README):
   samples) into the evaluation span. A pass runs from its first evaluation
   event to the next training event that is not a fetch; passes and their
   batches are counted apart.
+* A forward of a module in eval mode with gradients on (events.EVAL_MODE:
+  a test loop written with `model.eval()` alone, as PyG's tutorials write
+  it) is evaluation as a no-grad one is, once a training DataLoader leads
+  the steps, but provisional wherever it comes: a module left in eval mode
+  that trains (`model.train()` never called again) is given back by its
+  backward. Without a training DataLoader it is training, as it was.
 * A no-grad forward inside a step that has not reached its optimizer step
   may be training all the same (a frozen teacher, a target network): its
   span is provisional until the next event. A fetch (or the end of data, or
@@ -91,6 +97,8 @@ from __future__ import annotations
 from array import array
 from struct import Struct
 from typing import Any, Callable, Optional
+
+from .events import EVAL_MODE
 
 # Phase kinds. ZERO_GRAD counts as Optimization time but never closes a step.
 # CLOSURE is the closure an optimizer step runs (`optimizer.step(closure)`):
@@ -322,8 +330,8 @@ class StepTracker:
 
     def is_eval(self, kind: int, grad: Optional[bool]) -> bool:
         return (
-            not grad
-            and (kind == DATA or kind == FWD and self.nograd_from is None)
+            (not grad and (kind == DATA or kind == FWD and self.nograd_from is None)
+             or grad == EVAL_MODE and self.train_data_seen)
             and (self.optimizer_seen or self.training_seen)
         )
 
@@ -336,8 +344,8 @@ class StepTracker:
         event is evaluation (provisionally so: see the rules)."""
         # is_eval(), inlined: this runs at every phase edge.
         if (
-            not grad
-            and (kind == DATA or kind == FWD and self.nograd_from is None)
+            (not grad and (kind == DATA or kind == FWD and self.nograd_from is None)
+             or grad == EVAL_MODE and self.train_data_seen)
             and (self.optimizer_seen or self.training_seen)
         ):
             self.fetch_open = False
@@ -354,11 +362,14 @@ class StepTracker:
                 self.prev_data = None
                 if not self.eval_open:
                     start = self.fetches[0][0] if self.fetches else t
-                    self._open_eval(start, not self.open or self.closed)
-                if grad is False:
-                    self.span_validation = True  # a module in eval mode: validation
-                else:
+                    # With gradients on, what follows decides, wherever it
+                    # comes (a module left in eval mode that trains).
+                    self._open_eval(start, (not self.open or self.closed)
+                                    and grad != EVAL_MODE)
+                if grad is None:
                     self.eval_train_mode += 1
+                else:
+                    self.span_validation = True  # a module in eval mode: validation
                 if self.fetches:
                     self._fetches_were_eval()
             self.span_events += 1
