@@ -203,15 +203,16 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
                 return call(*args, **kwargs) if kwargs else call(*args)
             state.block += 1
             try:
-                key = id(args[0])
+                module = args[0]
+                key = id(module)
                 if key not in roots_seen:
-                    see_root(args[0])
+                    see_root(module)
                 t = now()
                 if t > state.due:
                     finder.watch(t)
                 # The module's mode with the gradients' state (events.py).
-                clock.record((ENTER, FWD, (True if args[0].training else EVAL_MODE)
-                              if is_grad_enabled() else _no_grad_mode(args[0]), key, t))
+                clock.record((ENTER, FWD, (module.training or EVAL_MODE)
+                              if is_grad_enabled() else _no_grad_mode(module), key, t))
                 if t > clock.last:
                     clock.drain()
             except Exception as exc:
