@@ -269,11 +269,12 @@ def test_the_operators_a_loop_runs_between_the_phases_are_named_with_the_time_th
     assert advice["evidence"]["window_others"]["python"] > 0
 
 
-def script_steps(out: str) -> list[tuple[int, float]]:
+def script_steps(out: str, every: int = 1) -> list[tuple[int, float]]:
     """metrics_every_step.py's own stopwatch around its metrics: (step,
-    seconds) for each step."""
+    seconds) for each step that logged them every `every` steps."""
     return [(int(m.group(1)), float(m.group(2)) / 1e3)
-            for m in re.finditer(r"^STEP (\d+) MS [\d.]+ METRICS ([\d.]+)$", out, re.M)]
+            for m in re.finditer(rf"^STEP (\d+) MS [\d.]+ METRICS ([\d.]+) EVERY {every}$",
+                                 out, re.M)]
 
 
 def test_metrics_logged_every_step_are_named_and_every_n_steps_gives_the_time_back(
@@ -285,7 +286,8 @@ def test_metrics_logged_every_step_are_named_and_every_n_steps_gives_the_time_ba
     operators and asks for what need not run every step to run every N
     steps. perfrun's Others holds the metrics step for step, by the
     script's own stopwatch around them. Followed (the metrics every 10
-    steps), and timed: the step is shorter by most of what the stopwatch
+    steps) and timed against the loop as it was, in blocks that take turns
+    in one process: the step is shorter by most of what the stopwatch
     gives the metrics."""
     loop = [METRICS_EVERY_STEP, "--steps", "60"]
     windowed = run_perfrun("--scheduler", "20", "25", *loop)
@@ -312,26 +314,23 @@ def test_metrics_logged_every_step_are_named_and_every_n_steps_gives_the_time_ba
     assert min(residue) > -20e-6, residue
     assert statistics.median(residue) < statistics.median(metrics[i] for i in counted), residue
 
-    # Timed without perfrun, in interleaved runs, the script's own mean step:
-    # at least half of what its metrics take (nine steps in ten) comes back.
-    # On a machine loaded by other tests one timing may not show it: timed
-    # again, up to three times; advice that did not pay would fail all three.
-    # Runs of 200 steps: a mean step that two runs agree on to a tenth of a
-    # millisecond on a quiet machine.
-    timed = [METRICS_EVERY_STEP, "--steps", "200"]
+    # Timed without perfrun: the loop as it was and as changed, in blocks of
+    # 20 steps that take turns in one process (two processes of this loop
+    # here differ by up to a third in their mean step, whatever they log;
+    # interleaved in one, the saving measured 0.84 to 1.20 of the metrics'
+    # time, nine steps in ten, over 6 runs). At least half of it comes
+    # back. On a machine loaded by other tests one timing may not show it:
+    # timed again, up to three times; advice that did not pay would fail
+    # all three.
     seen = []
     for _ in range(3):
-        each, tenth, cost = [], [], []
-        for _ in range(3):
-            out = run_python(*timed).decode()
-            each.append(printed(out, "MEAN_STEP_MS"))
-            cost.append(statistics.mean(t for i, t in script_steps(out) if i >= 5) * 1e3)
-            tenth.append(printed(run_python(*timed, "--log-every", "10").decode(),
-                                 "MEAN_STEP_MS"))
-        saved, metrics_ms = statistics.median(each) - statistics.median(tenth), \
-            statistics.median(cost)
-        seen.append(f"{saved:.3f} ms saved of {metrics_ms:.3f} ms of metrics")
-        if saved > 0.5 * 0.9 * metrics_ms:
+        out = run_python(METRICS_EVERY_STEP, "--steps", "400", "--log-every", "1,10").decode()
+        mean = {int(k): float(v) / 1e3
+                for k, v in re.findall(r"^MEAN_STEP_MS (\d+) ([\d.]+)$", out, re.M)}
+        cost = statistics.mean(t for i, t in script_steps(out) if i >= 5)
+        saved = mean[1] - mean[10]
+        seen.append(f"{saved * 1e3:.3f} ms saved of {cost * 1e3:.3f} ms of metrics")
+        if 0.5 * 0.9 * cost < saved < 2 * cost:
             break
     else:
         pytest.fail("; ".join(seen))
