@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Optional
 import click
 
 from . import __version__, scriptoptions
+from .config import load_config, parse_override
 from .exitcodes import ExitCode
 from .scriptoptions import ScriptOptions
 from .settings import (
@@ -35,8 +36,6 @@ from .settings import (
     SettingsError,
     command_line_options,
     formats,
-    load_config,
-    parse_override,
     parse_threshold,
 )
 

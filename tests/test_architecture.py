@@ -30,6 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "prose": set(),
     "store": {"perfrun"},
     "settings": {"store"},
+    # The YAML config file and -o overrides, read into Settings changes.
+    "config": {"store", "settings"},
     "scriptoptions": set(),
     "analysis": {"store", "settings"},
     "runtime": {"perfrun", "store", "settings", "analysis"},
@@ -40,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "watch": {"store", "exitcodes", "analysis", "report", "launcher", "prose"},
     "commands": {"perfrun", "store", "settings", "exitcodes", "analysis", "report", "launcher",
                  "combine", "api", "prose"},
-    "cli": {"perfrun", "settings", "exitcodes", "scriptoptions", "commands", "watch"},
+    "cli": {"perfrun", "settings", "config", "exitcodes", "scriptoptions", "commands", "watch"},
     "__main__": {"cli"},
     "boot": {"runtime"},
 }

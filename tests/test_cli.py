@@ -11,16 +11,10 @@ import pytest
 
 from perfrun import cli
 from perfrun.cli import UsageError, split_run_argv
+from perfrun.config import PROFILER_KEYS, load_config, parse_override
 from perfrun.exitcodes import ExitCode
 from perfrun.scriptoptions import NOTHING, ScriptOptions
-from perfrun.settings import (
-    PROFILER_KEYS,
-    SUMMARY_KEYS,
-    Settings,
-    SettingsError,
-    load_config,
-    parse_override,
-)
+from perfrun.settings import SUMMARY_KEYS, Settings, SettingsError
 
 # -- split_run_argv -------------------------------------------------------------------
 

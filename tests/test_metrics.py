@@ -31,12 +31,13 @@ from conftest import E2E_TIMEOUT, RunPerfrun, e2e_environment
 from prometheus_client.parser import text_string_to_metric_families
 
 from perfrun import cli
+from perfrun.config import parse_override
 from perfrun.exitcodes import ExitCode
 from perfrun.launcher.launch import port_problem
 from perfrun.runtime.agent import Agent
 from perfrun.runtime.metrics import RankMetrics
 from perfrun.runtime.stepmetrics import PHASES, STATES
-from perfrun.settings import Settings, SettingsError, parse_override
+from perfrun.settings import Settings, SettingsError
 from perfrun.store.layout import steps_path
 from perfrun.store.rankfile import hostname, read_rank_file
 from perfrun.store.stepfile import STEP_COLUMNS, StepWriter

@@ -21,8 +21,9 @@ from builders import make_rank, make_rows
 
 from perfrun import cli
 from perfrun.api import save_baseline
+from perfrun.config import PROFILER_KEYS, load_config
 from perfrun.exitcodes import ExitCode
-from perfrun.settings import PROFILER_KEYS, SettingsError, load_config
+from perfrun.settings import SettingsError
 from perfrun.store.files import ResultsError
 from perfrun.store.rankfile import RankResult, read_rank_file
 from perfrun.store.results import rank_alive, resolve_run_dir

@@ -19,11 +19,12 @@ import pytest
 from conftest import E2E_TIMEOUT, e2e_environment, flat
 
 from perfrun.cli import main
+from perfrun.config import load_config
 from perfrun.exitcodes import ExitCode
 from perfrun.launcher import retention
 from perfrun.launcher.retention import RunState, in_progress, runs_to_remove
 from perfrun.runtime import window
-from perfrun.settings import SettingsError, load_config
+from perfrun.settings import SettingsError
 from perfrun.store.stepfile import STEP_COLUMNS
 
 SCRIPTS = Path(__file__).parent / "scripts"
