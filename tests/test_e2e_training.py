@@ -189,6 +189,18 @@ def test_loop_shapes_exact_steps(
     assert rank.data["extra"]["eval"]["calls"] == 0
 
 
+def test_every_epochs_steps_count_their_samples_in_timer_only(run_perfrun: RunPerfrun) -> None:
+    """--timer-only, two epochs of a DataLoader: each epoch's iterator is
+    made at the address the last one was freed from, and its first fetch
+    is no second fetch of the exhausted one. Before, that epoch's first
+    step counted no samples and its batches each the step after theirs, so
+    the run had no samples/s."""
+    run = run_perfrun("--timer-only", LOADER, "--samples", "22", "--batch", "5")
+    rank = check_run(run, 10)
+    assert rank.column("samples") == [5, 5, 5, 5, 2] * 2
+    assert run.report()["perf"]["samples_ips"] is not None
+
+
 def test_gradient_accumulation_with_dataloader(run_perfrun: RunPerfrun) -> None:
     # 24 samples in batches of 4: 6 micro-batches per epoch, 2 optimizer
     # steps of 3 micro-batches each, over 2 epochs.

@@ -713,6 +713,32 @@ def test_eval_pass_between_training_steps_is_excluded() -> None:
     assert (summary.batch_cost.avg, summary.batch_cost.max) == (20.0, 20.0)
 
 
+def test_a_new_epochs_iterator_at_the_old_ones_address_is_not_fetching_ahead() -> None:
+    """Each epoch's DataLoader iterator is freed when its loop ends, and
+    the next is often made at the same address: the same id, which the
+    hooks name it by. The fetch that raised StopIteration and the new
+    iterator's first fetch are not "two fetches in a row" of one iterator
+    (before: taken for a loader fetching ahead, the epoch's batches each
+    counted in the step after their own, its first step none, and the run
+    had no samples/s)."""
+    s = Script()
+    it = object()  # one id for every epoch's iterator
+    for _epoch in range(3):
+        s.new_iterator(2)
+        for _ in range(3):
+            s.fetch(1, samples=32, it=it)
+            s.zero_grad(1)
+            s.forward(4)
+            s.forward(1, LOSS)
+            s.backward(8)
+            s.step(2)
+            s.run(3)
+        s.exhausted(1, it=it)
+    rows = s.finish()
+    assert [r[COL["samples"]] for r in rows] == [32] * 9
+    assert not s.tracker.ahead
+
+
 def eval_mode_pass(s: Script, batches: int) -> None:
     """A test loop written with `model.eval()` and no `torch.no_grad()` (as
     PyG's tutorials write it): gradients on, the model in eval mode;

@@ -85,7 +85,9 @@ The rules (documented in the README):
   its batches' samples count in the step after the one that fetched it
   (the step that trains on it), and its last batch's, when it is
   exhausted, in the step that goes on or the next. The fetches' time and
-  calls stay where they ran: the wait was there.
+  calls stay where they ran: the wait was there. The fetch that raised
+  StopIteration ends its iterator's run: the next epoch's iterator, often
+  made at the address (the id) the last one was freed from, is another.
 * The last step ends where it closed (its optimizer step) if no leading
   event follows; a step that never closed is incomplete and dropped. A call
   that raised closes nothing, so a run that dies inside `optimizer.step`
@@ -521,6 +523,12 @@ class StepTracker:
         it was no batch. Undo what its start did and end the loop body's step."""
         self.stop_calls += 1
         self.stop_time += t1 - t0
+        # An exhausted iterator fetches no more: the next fetch is another
+        # iterator's, even one made at the same address (its id), as the
+        # next epoch's often is once this one is freed; taken for the same,
+        # two fetches in a row, it was "fetching ahead" and every batch of
+        # that epoch counted in the step after its own, the first none.
+        self.prev_data = None
         # The batch an exhausted iterator fetched ahead is still to be
         # trained on: by the open step if it goes on, else by the next.
         pending = self.ahead.pop(self.fetch_ident, 0) if self.ahead else 0
