@@ -189,13 +189,20 @@ def test_loop_shapes_exact_steps(
     assert rank.data["extra"]["eval"]["calls"] == 0
 
 
-def test_every_epochs_steps_count_their_samples_in_timer_only(run_perfrun: RunPerfrun) -> None:
-    """--timer-only, two epochs of a DataLoader: each epoch's iterator is
-    made at the address the last one was freed from, and its first fetch
-    is no second fetch of the exhausted one. Before, that epoch's first
-    step counted no samples and its batches each the step after theirs, so
-    the run had no samples/s."""
-    run = run_perfrun("--timer-only", LOADER, "--samples", "22", "--batch", "5")
+@pytest.mark.parametrize(("mode", "loader"), [
+    (["--timer-only"], []),
+    ([], ["--workers", "2", "--persistent"]),
+], ids=["timer-only", "persistent-workers"])
+def test_every_epochs_steps_count_their_samples(
+    run_perfrun: RunPerfrun, mode: list[str], loader: list[str]
+) -> None:
+    """Two epochs of a DataLoader whose iterators share one id: in
+    --timer-only each epoch's iterator is made at the address the last one
+    was freed from; with persistent workers the loader gives every epoch
+    the same iterator object. Its first fetch is no second fetch of the
+    exhausted run. Before, that epoch's first step counted no samples and
+    its batches each the step after theirs, so the run had no samples/s."""
+    run = run_perfrun(*mode, LOADER, "--samples", "22", "--batch", "5", *loader)
     rank = check_run(run, 10)
     assert rank.column("samples") == [5, 5, 5, 5, 2] * 2
     assert run.report()["perf"]["samples_ips"] is not None

@@ -2,7 +2,9 @@
 
 `--update optim` steps torch.optim.SGD; `--update manual` is a hand-written
 SGD update with no optimizer object. `--accum K` accumulates gradients over
-K micro-batches per optimizer step.
+K micro-batches per optimizer step. `--persistent` keeps the `--workers`
+alive from epoch to epoch (`persistent_workers=True`): the loader then
+gives every epoch the same iterator object.
 """
 
 import argparse
@@ -20,6 +22,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--update", choices=("optim", "manual"), default="optim")
     args = parser.parse_args()
 
@@ -27,7 +30,8 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn(args.samples, 8)
     y = x.sum(dim=1, keepdim=True)
-    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch, num_workers=args.workers)
+    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch, num_workers=args.workers,
+                        persistent_workers=args.persistent)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if args.update == "optim" else None
 
