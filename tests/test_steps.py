@@ -170,12 +170,12 @@ def assert_contiguous(rows: Sequence[Sequence[Any]]) -> None:
 # -- one optimizer step per batch ---------------------------------------------
 
 
-def train_batch(s: Script, samples: int = 32) -> None:
-    """fetch 1, zero_grad 1, forward 4 + loss 1, backward 8, step 2, body 3:
-    a 20 s step."""
-    s.fetch(1, samples=samples)
+def train_batch(s: Script, samples: int = 32, it: object = None, grad: Any = True) -> None:
+    """fetch 1 (from iterator `it`), zero_grad 1, forward 4 (the model's
+    `grad`: events.py) + loss 1, backward 8, step 2, body 3: a 20 s step."""
+    s.fetch(1, samples=samples, it=it)
     s.zero_grad(1)
-    s.forward(4)
+    s.forward(4, grad=grad)
     s.forward(1, LOSS)
     s.backward(8)
     s.step(2)
@@ -726,13 +726,7 @@ def test_a_new_epochs_iterator_at_the_old_ones_address_is_not_fetching_ahead() -
     for _epoch in range(3):
         s.new_iterator(2)
         for _ in range(3):
-            s.fetch(1, samples=32, it=it)
-            s.zero_grad(1)
-            s.forward(4)
-            s.forward(1, LOSS)
-            s.backward(8)
-            s.step(2)
-            s.run(3)
+            train_batch(s, it=it)
         s.exhausted(1, it=it)
     rows = s.finish()
     assert [r[COL["samples"]] for r in rows] == [32] * 9
@@ -785,13 +779,7 @@ def test_a_model_left_in_eval_mode_that_trains_keeps_its_steps() -> None:
         s.tracker.on_relabel = relabels.append
         s.new_iterator(2)
         for _ in range(4):
-            s.fetch(1, samples=32)
-            s.zero_grad(1)
-            s.forward(4, grad=grad)
-            s.forward(1, LOSS)
-            s.backward(8)
-            s.step(2)
-            s.run(3)
+            train_batch(s, grad=grad)
         s.exhausted(1)
         t = s.tracker
         assert t.eval_spans == t.eval_batches == t.eval_forward_calls == 0

@@ -71,8 +71,7 @@ def main() -> None:
                         record[f"grad_norm/{name}"] = p.grad.norm().item()
                         record[f"weight_norm/{name}"] = p.norm().item()
                     history.append(record)
-            m1 = perf_counter()
-            t1 = perf_counter()
+            t1 = m1 = perf_counter()
             ms = (t1 - t0) * 1e3
             if step >= 4:
                 times[every].append(ms)
