@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Optional
 
 import click
 
-from . import __version__, scriptoptions
+from . import __version__, launchcommand, scriptoptions
 from .config import load_config, parse_override
 from .exitcodes import ExitCode
 from .scriptoptions import ScriptOptions
@@ -396,7 +396,38 @@ def settings_from_options(opts: dict[str, Any]) -> Settings:
         changes["script_args"] = tuple(opts.get("script_args", ()))
     if "script" not in changes and not changes.get("module"):
         raise UsageError("no script given: perfrun [OPTIONS] SCRIPT [ARGS...] or -m MODULE")
+    changes.update(launch_changes(changes))
     return Settings().replace(**changes).validate()
+
+
+def launch_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    """Where perfrun was put in front of a launcher's command (`perfrun
+    torchrun ... train.py`, `perfrun accelerate launch ... train.py`;
+    launchcommand.py), what the settings become: the script is the one
+    inside the command; torchrun's options are perfrun's own torchrun
+    settings, the rest of them passed on; any other launcher is run as it
+    is. Nothing for a script."""
+    target = [changes["script"]] if changes.get("script") else []
+    try:
+        launch = launchcommand.read([*target, *changes.get("script_args", ())],
+                                    changes.get("module"))
+    except launchcommand.LaunchCommandError as exc:
+        raise UsageError(str(exc)) from None
+    if launch is None:
+        return {}
+    out: dict[str, Any] = {"script": launch.script, "module": launch.module,
+                           "script_args": launch.args, "launch_kind": launch.launcher,
+                           "launch_ranks": launch.ranks}
+    if launch.launcher != "torchrun":
+        out["launch"] = launch.head
+        return out
+    for field, value in launch.settings:
+        if changes.get(field) is not None:
+            raise UsageError(f"--{field.replace('_', '-')} is given to perfrun and to torchrun: "
+                             "give it once, in the torchrun command")
+        out[field] = int(value) if field in launchcommand.INT_SETTINGS else value
+    out["torchrun_args"] = launch.passthrough
+    return out
 
 
 # -- argv splitting ------------------------------------------------------------
@@ -523,6 +554,10 @@ def split_run_argv(argv: list[str], defines: ScriptOptions) -> RunArgv:
     if target is None:
         return RunArgv(before, [], [], [])
     script = [target.name] if target.kind == "script" else []
+    if _is_launch(target, argv):
+        # A launcher's command, as after `nsys profile`: all of it is the
+        # launcher's, perfrun's options go before it.
+        return RunArgv(before, [], script + argv[target.start :], [])
     if dashes:
         return RunArgv(before, [], script + argv[target.start :], [])
     try:
@@ -706,12 +741,21 @@ def _leading_options(argv: list[str]) -> list[str]:
     return out
 
 
+def _is_launch(target: Target, argv: list[str]) -> bool:
+    """Whether what perfrun runs is a launcher's command (launchcommand.py)."""
+    if target.kind == "module":
+        return launchcommand.recognise([], target.name) is not None
+    return launchcommand.recognise([target.name, *argv[target.start :]]) is not None
+
+
 def _script_defines(argv: list[str]) -> ScriptOptions:
     """What the script of `perfrun run ARGV` defines, read from its source
     only when an option is written after it (`perfrun train.py` reads
     nothing)."""
     target = run_target(argv)
     if target is None or not any(a.startswith("-") for a in target.after):
+        return scriptoptions.NOTHING
+    if _is_launch(target, argv):
         return scriptoptions.NOTHING
     if target.kind == "module":
         # python -m looks in the current folder first, then on its path.

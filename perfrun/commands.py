@@ -301,6 +301,18 @@ def _run_and_report(settings: Settings, command_line: Optional[list[str]]) -> in
         say(f"error: {exc}")
         return int(exc.code)
     returncode = outcome.returncode
+    task = outcome.task
+    if task is not None and task.rank != 0:
+        # One task of a job srun or mpirun started: the task of rank 0
+        # reports the whole job, once, and this one says where.
+        from .launcher.external import other_task_line
+
+        say(other_task_line(task, outcome.run_dir))
+        if outcome.hung and settings.hang_action == "terminate":
+            return ExitCode.HANG
+        return exit_like(returncode)
+    if outcome.waited is not None and outcome.waited.note:
+        say(f"note: {outcome.waited.note}")
     if outcome.meta_unsaved:
         say(f"note: {outcome.meta_unsaved}; the report below has the run's end")
     # perfrun's own failure after the script ran: never an exit status of 0

@@ -325,6 +325,20 @@ class Settings:
         "-m", "--module", metavar="MODULE", help="Run a library module as a script, like python -m."
     )
     script_args: tuple[str, ...] = ()
+    #: A launcher's command up to the script, where perfrun was put in front
+    #: of one it runs as it is (`perfrun accelerate launch ... train.py`;
+    #: launchcommand.py): the processes that run the script are the ranks,
+    #: the launcher's own are not. Empty for a script perfrun starts itself.
+    launch: tuple[str, ...] = ()
+    #: Which launcher `launch` (or a torchrun command) is: its name, or
+    #: "command" for one perfrun does not know.
+    launch_kind: str | None = None
+    #: How many ranks `launch` starts, where its options say.
+    launch_ranks: int | None = None
+    #: torchrun's options perfrun's settings do not hold, passed on as given,
+    #: where perfrun was put in front of a torchrun command (`perfrun torchrun
+    #: --max-restarts 1 ...`); None otherwise.
+    torchrun_args: tuple[str, ...] | None = None
 
     # -- Paddle's Profiler keys --
     enable: bool = option(default=True, yaml=_as_bool)
@@ -568,6 +582,7 @@ class Settings:
                 self.rdzv_backend,
                 self.rdzv_endpoint,
                 self.rdzv_id,
+                self.torchrun_args,
             )
         )
 
@@ -613,6 +628,14 @@ class Settings:
                 )
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
             raise SettingsError(f"--nproc-per-node must be at least 1, not {self.nproc_per_node}")
+        if self.launch and self.distributed:
+            raise SettingsError(
+                f"perfrun's torchrun options and a {self.launch_kind} command: the launcher "
+                "starts the ranks; give it its options, and perfrun none of torchrun's")
+        if self.launch and self.nsys:
+            raise SettingsError(
+                f"--nsys with a {self.launch_kind} command: perfrun runs nsys itself only "
+                "around the ranks it starts; put nsys inside the launcher's command instead")
         for name in ("warmup", "stop_after"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -733,6 +756,9 @@ class Settings:
         if data.get("scheduler") is not None:
             data["scheduler"] = tuple(data["scheduler"])
         data["script_args"] = tuple(data.get("script_args", ()))
+        data["launch"] = tuple(data.get("launch", ()))
+        if data.get("torchrun_args") is not None:
+            data["torchrun_args"] = tuple(data["torchrun_args"])
         return cls(**data)
 
 

@@ -36,7 +36,12 @@ from perfrun.analysis.build import build_report
 from perfrun.analysis.device import device_summary
 from perfrun.analysis.pipeline import LoaderPipeline, PipelineSummary, Stage
 from perfrun.analysis.ranks import multi_rank_summary
-from perfrun.analysis.summary import forward_unseen, model_summary, perf_summary
+from perfrun.analysis.summary import (
+    backward_collectives,
+    forward_unseen,
+    model_summary,
+    perf_summary,
+)
 from perfrun.report import make_console, render_json, render_markdown, render_table
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "adv_loader.py")
@@ -328,6 +333,59 @@ def test_an_unseen_forward_in_others_is_not_blamed_on_the_loop() -> None:
     # Steps that never trained, and no steps at all, have no forward to miss.
     assert not forward_unseen(model_summary(_rows(dataloader=1 / 8, calls=(1, 0, 0, 0))))
     assert not forward_unseen(None)
+
+
+def test_a_short_forward_is_unseen_only_where_the_backward_is_the_models_alone() -> None:
+    # Forward a sixteenth of Backward: a module the model calls, the model
+    # itself called as `module.forward(x)`; unless the Backward holds a
+    # collective (DDP's all-reduce) and the wait in it for the other ranks,
+    # where that is the step's expected shape; or nothing says which.
+    rows = _rows(dataloader=1 / 8, forward=1 / 64, backward=1 / 4, others=1 / 4)
+    model = model_summary(rows)
+    assert forward_unseen(model, False)
+    assert not forward_unseen(model, True)
+    assert not forward_unseen(model, None) and not forward_unseen(model)
+    # Others (39% of the step) is the loop's own under DDP, and judged.
+    assert cpu_bound(_inputs(rows, backward_collectives=False)) == []
+    [advice] = cpu_bound(_inputs(rows, backward_collectives=True))
+    assert advice.kind == "cpu-bound" and advice.evidence["others_ratio"] > OTHERS_SHARE_LIMIT
+    # No forward at all is unseen whatever the Backward holds.
+    unseen = model_summary(_rows(dataloader=1 / 8, backward=1 / 4, calls=(1, 0, 1, 1)))
+    assert forward_unseen(unseen, True) and forward_unseen(unseen, None)
+
+
+#: A rank file's `distributed` record (runtime/modules.py).
+_NO_GROUP = {"world_size": None, "backend": None, "wrappers": []}
+_DDP = {"world_size": 2, "backend": "gloo", "wrappers": ["DistributedDataParallel"]}
+
+
+@pytest.mark.parametrize("world_size, record, window, expected", [
+    # A process alone in its job: no peer to wait for.
+    (1, None, None, False),
+    (1, _NO_GROUP, None, False),
+    # A model called through DDP; a process group of two without it (the
+    # gradients all-reduced by hand); communication in the window's trace.
+    (2, _DDP, None, True),
+    (1, {**_NO_GROUP, "world_size": 2, "backend": "gloo"}, None, True),
+    (2, {**_NO_GROUP, "world_size": 2, "backend": "gloo"}, None, True),
+    (1, None, {"cpu": {"communication": 0.004}, "gpu": {"communication": None}}, True),
+    (1, _NO_GROUP, {"cpu": {"communication": 0.0}, "gpu": {"communication": None}}, False),
+    # A rank of a larger job with no process group seen, or a file from
+    # before the record: perfrun cannot tell.
+    (2, _NO_GROUP, None, None),
+    (2, None, None, None),
+], ids=["alone", "alone-recorded", "ddp", "group-alone", "group", "window-comm",
+        "window-none", "job-no-group", "job-old-file"])
+def test_whether_the_backward_holds_collectives_is_read_from_the_rank_file(
+    world_size: int, record: Optional[dict[str, Any]], window: Optional[dict[str, Any]],
+    expected: Optional[bool],
+) -> None:
+    data = make_rank(_rows(2, forward=MS), world_size=world_size).data
+    if record is not None:
+        data["distributed"] = record
+    if window is not None:
+        data["window_summary"] = {"steps": 2, "distributed": {"basis": "cpu", **window}}
+    assert backward_collectives(data) is expected
 
 
 def test_cpu_only_run_below_the_others_threshold() -> None:

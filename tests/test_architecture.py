@@ -33,6 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     # The YAML config file and -o overrides, read into Settings changes.
     "config": {"store", "settings"},
     "scriptoptions": set(),
+    # A launcher's command with perfrun in front, read: standard library.
+    "launchcommand": set(),
     "analysis": {"store", "settings"},
     "runtime": {"perfrun", "store", "settings", "analysis"},
     "report": {"store", "settings", "analysis", "prose"},
@@ -42,7 +44,8 @@ ALLOWED: dict[str, set[str]] = {
     "watch": {"store", "exitcodes", "analysis", "report", "launcher", "prose"},
     "commands": {"perfrun", "store", "settings", "exitcodes", "analysis", "report", "launcher",
                  "combine", "api", "prose"},
-    "cli": {"perfrun", "settings", "config", "exitcodes", "scriptoptions", "commands", "watch"},
+    "cli": {"perfrun", "settings", "config", "exitcodes", "scriptoptions", "launchcommand",
+            "commands", "watch"},
     "__main__": {"cli"},
     "boot": {"runtime"},
 }

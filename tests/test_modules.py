@@ -20,7 +20,13 @@ from perfrun.analysis.modules import (
     summarize_modules,
 )
 from perfrun.report.window_blocks import _module_block, tree_order
-from perfrun.runtime.modules import ModuleRanges, auto_depth, qualified_names
+from perfrun.runtime.modules import (
+    ModuleRanges,
+    RootTracker,
+    auto_depth,
+    parallel_wrappers,
+    qualified_names,
+)
 
 # -- small real models ----------------------------------------------------------------------
 
@@ -620,3 +626,38 @@ def test_nothing_is_hooked_inside_a_compiled_submodule() -> None:
     assert not any(n.startswith("transformer.h.1.") for n in names)
     assert not any(n.startswith("lm_head") for n in names)
     assert "transformer.h.0.attn" in names
+
+
+# -- what the roots say of torch.distributed (RootTracker, the rank file's record) ----------
+
+
+def test_roots_record_the_ddp_wrapper_and_the_process_group() -> None:
+    """The rank file's `distributed` record, as the RootTracker makes it when
+    a root is first called: a real DDP over a one-process gloo group."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    plain = RootTracker()
+    plain.see(Block())
+    assert plain.distributed == {"world_size": None, "backend": None, "wrappers": []}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(Block())
+        roots = RootTracker()
+        roots.see(nn.MSELoss())  # a loss module first: the group seen, no wrapper yet
+        assert roots.distributed == {"world_size": 1, "backend": "gloo", "wrappers": []}
+        roots.see(ddp)
+        assert parallel_wrappers(ddp) == ["DistributedDataParallel"]
+        # Through torch.compile too, and a DDP subclass is DDP.
+        assert parallel_wrappers(torch.compile(ddp, backend="eager")) == [
+            "DistributedDataParallel"]
+        own = type("ScriptDDP", (DistributedDataParallel,), {})(Block())
+        assert parallel_wrappers(own) == ["DistributedDataParallel"]
+    finally:
+        dist.destroy_process_group()
+    # The group destroyed before a later root: what was seen stays.
+    roots.see(Block())
+    assert roots.distributed == {"world_size": 1, "backend": "gloo",
+                                 "wrappers": ["DistributedDataParallel"]}
+    # A class of the script's own that is only named like torch's is not.
+    assert parallel_wrappers(type("DistributedDataParallel", (nn.Module,), {})()) == []

@@ -47,6 +47,8 @@ def rank_document(n_steps: int = 30, **kwargs: Any) -> dict[str, Any]:
         "window_summary": None,
         "nsys_capture": None,
         "module_hook_calls": None,
+        "distributed": {"world_size": 2, "backend": "gloo",
+                        "wrappers": ["DistributedDataParallel"]},
         "cuda": {},
         "extra": {"dataloader_init": {"calls": 1, "time": 0.001}},
         "device": {"samples": 1, "cpu_process_percent": {"avg": 90.0, "max": 99.0},
@@ -146,6 +148,27 @@ def test_nested_fields_are_checked(tmp_path: Path) -> None:
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(ResultsError, match=r"env\.pid: expected an integer or null, got str$"):
+        read_rank_file(str(path))
+
+
+@pytest.mark.parametrize("record, fragment", [
+    ({"world_size": "2", "backend": "gloo", "wrappers": []},
+     r"distributed\.world_size: expected an integer or null, got str$"),
+    ({"world_size": 2, "backend": "gloo", "wrappers": "DistributedDataParallel"},
+     r"distributed\.wrappers: expected a list"),
+    ({"world_size": 2, "backend": "gloo", "wrappers": [5]},
+     r"distributed\.wrappers\[0\]: expected a string, got int$"),
+])
+def test_the_distributed_record_is_checked(record: dict[str, Any], fragment: str,
+                                           tmp_path: Path) -> None:
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({**rank_document(), "distributed": record}))
+    with pytest.raises(ResultsError, match=fragment):
+        read_rank_file(str(path))
+    # Absent (files from before it) or null (no root module called): read.
+    for doc in ({k: v for k, v in rank_document().items() if k != "distributed"},
+                {**rank_document(), "distributed": None}):
+        path.write_text(json.dumps(doc))
         read_rank_file(str(path))
 
 

@@ -86,6 +86,7 @@ def test_the_readme_has_the_commands_this_test_knows() -> None:
         "perfrun --nsys train.py",
         "perfrun report perfrun_log",
         "perfrun analyze rank0.pt.trace.json.gz",
+        "perfrun --timer-only torchrun --nproc-per-node 2 train.py",
         "perfrun report perfrun_log --format html --output report.html",
         "perfrun watch perfrun_log",
         "perfrun --nproc-per-node 2 --metrics-port 9700 train.py",
@@ -178,6 +179,8 @@ def test_every_readme_command_runs_as_written(work: Path) -> None:
                 described(done)
             assert sorted(p.name for p in (work / "job-exp42").glob("rank*.json")) == [
                 f"rank{r}.json" for r in range(8)]
+        elif command.startswith("perfrun --timer-only torchrun"):
+            assert "Ranks: 2" in done.stdout and "Perf Summary" in done.stdout, described(done)
         elif "--nproc-per-node 8" in command:
             assert "8 ranks" in done.stdout or "rank 7" in done.stdout, described(done)
         else:

@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import re
+from typing import Optional
 
 import pytest
 from builders import MS, make_rank, make_rows, make_run
@@ -15,6 +16,7 @@ from perfrun.analysis.build import build_report
 from perfrun.analysis.report import Report
 from perfrun.report import make_console, render, render_json, render_markdown, render_table
 from perfrun.report.markdown import _cell, _code
+from perfrun.store.rankfile import RankResult
 
 NVML_NOTE = "NVML is not available: GPU utilisation is not sampled"
 
@@ -321,6 +323,40 @@ def test_steps_that_trained_with_no_forward_timed_say_why() -> None:
     assert FORWARD_UNSEEN in render_markdown(report)
     seen = make_rows([dict(dataloader=MS, forward=MS, backward=2 * MS, optimization=MS)] * 8)
     assert FORWARD_UNSEEN not in build_report(make_run([make_rank(seen)]), warmup=0).notes
+
+
+def test_a_short_forward_is_blamed_on_module_forward_only_where_the_backward_is_the_models(
+) -> None:
+    """A Forward under a tenth of the Backward says the model was called as
+    `module.forward(x)` (only a module it calls was timed) in one process;
+    under DDP the Backward holds the gradients' all-reduce and the wait in
+    it for the other ranks, so the same shape says nothing of the sort, and
+    where perfrun cannot tell (ranks of a job whose files do not say), it
+    says nothing either."""
+    rows = make_rows([dict(dataloader=MS, forward=MS, backward=16 * MS, optimization=MS)] * 8)
+
+    def notes(*ranks: RankResult) -> list[str]:
+        report = build_report(make_run(list(ranks)), warmup=0)
+        return [n for n in report.notes if "`module.forward(x)`" in n]
+
+    def rank(r: int = 0, world_size: int = 1, record: Optional[dict] = None) -> RankResult:
+        made = make_rank(rows, rank=r, world_size=world_size)
+        if record is not None:
+            made.data["distributed"] = record
+        return made
+
+    # One process: the note, from files before the record and after it.
+    [note] = notes(rank())
+    assert note.startswith("the Forward timed (0.977 ms a step) is under 10% of the Backward")
+    assert notes(rank(record={"world_size": None, "backend": None, "wrappers": []}))
+    # Two ranks of a model called through DDP, on gloo: no note.
+    ddp = {"world_size": 2, "backend": "gloo", "wrappers": ["DistributedDataParallel"]}
+    assert notes(rank(0, 2, ddp), rank(1, 2, ddp)) == []
+    # A process group of two without DDP (gradients all-reduced by hand): none.
+    group = {"world_size": 2, "backend": "gloo", "wrappers": []}
+    assert notes(rank(0, 2, group), rank(1, 2, group)) == []
+    # Two ranks whose files do not say (written before the record): none.
+    assert notes(rank(0, 2), rank(1, 2)) == []
 
 
 def test_evaluation_passes_of_a_model_in_training_mode_are_said_to_be_rollouts() -> None:

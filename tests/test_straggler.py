@@ -9,6 +9,7 @@ the victims' extra time shows up in Backward.
 from __future__ import annotations
 
 import random
+import statistics
 from typing import Any, Optional
 
 import pytest
@@ -16,7 +17,7 @@ from builders import MS, make_rank, make_run
 
 from perfrun.analysis.advice import AdviceInputs, slow_ranks
 from perfrun.analysis.build import build_report
-from perfrun.analysis.ranks import multi_rank_summary
+from perfrun.analysis.ranks import multi_rank_summary, paced_phase
 from perfrun.analysis.straggler import (
     CULPRIT_MIN_CONSISTENCY,
     RankSteps,
@@ -38,9 +39,13 @@ def simulate(
     seed: int = 1,
     origins: Optional[list[float]] = None,
     hosts: Optional[list[str]] = None,
+    release: Optional[dict[int, list[float]]] = None,
 ) -> list[RankResult]:
     """Rows for `n_ranks` ranks in lock-step, the collective ending `wait_in`
-    when the last rank is done with its own work there."""
+    when the last rank is done with its own work there. `release[r]`: how
+    long after the collective ends rank r leaves it, step after step (the
+    list repeated), as a loaded machine hands the result to a rank it had
+    descheduled."""
     rng = random.Random(seed)
     extra = extra or {}
     order = ("dataloader", "forward", "backward", "optimization", "others")
@@ -48,7 +53,7 @@ def simulate(
     origins = origins or [1000.0 + 0.25 * r for r in range(n_ranks)]
     t = [5.0] * n_ranks  # absolute start of the next step, per rank
     rows: list[list[list[Any]]] = [[] for _ in range(n_ranks)]
-    for _ in range(steps):
+    for k in range(steps):
         own = []
         for r in range(n_ranks):
             d = {}
@@ -61,7 +66,8 @@ def simulate(
         done = max(arrive[r] + own[r][order[w]] for r in range(n_ranks))
         for r in range(n_ranks):
             d = dict(own[r])
-            d[order[w]] = done - arrive[r]
+            late = (release or {}).get(r)
+            d[order[w]] = done - arrive[r] + (late[k % len(late)] if late else 0.0)
             start = t[r]
             end = start + sum(d.values())
             values = {c: None for c in STEP_COLUMNS}
@@ -164,6 +170,81 @@ def test_ranks_that_never_wait_have_no_wait_phase() -> None:
     # The advice falls back to the slowest rank per phase.
     advice = slow_ranks(AdviceInputs(ranks=multi_rank_summary(ranks, 2)))
     assert advice and advice[0].evidence["rank"] == 1
+    # Independent ranks that set a process group up (to gather a metric at
+    # the end) but call no model through DDP: the same.
+    ddp(ranks, {"world_size": 2, "backend": "gloo", "wrappers": []})
+    assert verdict(ranks).reason == v.reason
+
+
+#: A rank file's record of a model called through DDP (runtime/modules.py).
+DDP = {"world_size": 2, "backend": "gloo", "wrappers": ["DistributedDataParallel"]}
+
+
+def ddp(ranks: list[RankResult], record: Optional[dict[str, Any]] = None) -> list[RankResult]:
+    for rank in ranks:
+        rank.data["distributed"] = dict(record or DDP)
+    return ranks
+
+
+def _step_medians_and_means(ranks: list[RankResult], warmup: int = 2) -> tuple[Any, Any]:
+    spans = [[row[1] - row[0] for row in rank.rows[warmup:]] for rank in ranks]
+    return [statistics.median(s) for s in spans], [statistics.fmean(s) for s in spans]
+
+
+def test_paced_ranks_are_told_by_their_mean_step_not_their_median() -> None:
+    # DDP on a loaded machine: the all-reduce hands its result to each rank
+    # in turn a little late (5 ms), so their step medians differ by 17%
+    # while their means, the whole time over the steps, are the same: they
+    # cross the collective together every step. Not "no collective paces
+    # them" (a 2-rank DDP job measured medians of 4.7 and 5.6 ms a step on
+    # means of 5.70 and 5.70).
+    ranks = simulate(2, release={0: [5 * MS, 0.0, 0.0], 1: [0.0, 5 * MS, 0.0]})
+    medians, means = _step_medians_and_means(ranks)
+    assert min(medians) < 0.9 * max(medians)
+    assert means[0] == pytest.approx(means[1], rel=1e-9)
+    v = verdict(ranks)
+    assert v.culprit is None and "no collective" not in v.reason, v.reason
+    assert "keep pace with each other" in v.reason
+
+
+def test_ddp_ranks_wait_in_backward_whatever_their_times_say() -> None:
+    # Released 10 ms apart from the all-reduce in turn, the ranks leave
+    # Backward a third of a step apart: their times alone read as ranks
+    # that never wait for each other.
+    jitter = {0: [10 * MS, 0.0, 0.0], 1: [0.0, 10 * MS, 0.0]}
+    alone = verdict(simulate(2, release=jitter))
+    assert "no collective paces them" in alone.reason
+    # Their rank files say the model is called through DDP: its all-reduce
+    # paces them in Backward every step, and the verdict says so.
+    ranks = ddp(simulate(2, release=jitter))
+    v = verdict(ranks)
+    assert (v.wait_phase, v.culprit) == ("backward", None)
+    assert "no collective" not in v.reason
+    assert v.reason.startswith("a collective makes the ranks wait for each other in backward "
+                               "every step (DDP's all-reduce of the gradients)"), v.reason
+    # Paced ranks: the slowest rank in a phase may be a victim, so no
+    # slow-rank advice is read from the phases.
+    assert slow_ranks(AdviceInputs(ranks=multi_rank_summary(ranks, 2))) == []
+    # A rank that is slow is still named, its victim waiting in Backward.
+    v = verdict(ddp(simulate(2, extra={1: {"dataloader": 20 * MS}}, release=jitter)))
+    assert (v.wait_phase, v.culprit, v.culprit_phase, v.victims) == (
+        "backward", 1, "dataloader", (0,))
+    assert v.phase_loss == pytest.approx(20 * MS, rel=1e-6)
+
+
+def test_only_a_ddp_model_tells_that_the_ranks_are_paced() -> None:
+    ranks = simulate(2)
+    assert paced_phase(ranks) is None  # files from before the record
+    assert paced_phase(ddp(ranks)) == "backward"
+    # One rank's word is enough (every rank of a DDP job takes part).
+    ranks[0].data["distributed"] = None
+    assert paced_phase(ranks) == "backward"
+    # A process group alone, or a wrapper whose collectives pace no one
+    # phase, says nothing of where the ranks wait.
+    assert paced_phase(ddp(simulate(2), {"world_size": 2, "backend": "gloo",
+                                         "wrappers": []})) is None
+    assert paced_phase(ddp(simulate(2), {"world_size": 2, "backend": "nccl",
+                                         "wrappers": ["FSDPModule"]})) is None
 
 
 def test_hosts_with_offset_clocks_are_aligned_from_the_step_ends() -> None:

@@ -26,7 +26,9 @@ Thresholds (module constants, so tests and readers see one value):
   counting it twice would send the reader after the same milliseconds under
   two names. Others is what is left of the loop itself: Python between the
   calls, logging, metrics, conversions; except when the steps trained but
-  timed no forward (the model ran inside a compiled function), when Others
+  timed no forward (the model ran inside a compiled function), or, in one
+  process whose Backward holds no collective, a Forward under a tenth of
+  the Backward (the model called as `model.forward(x)`), when Others
   holds the forward too and the rule does not judge it.
 * GPU-bound: a GPU the run used averaged over 90% utilisation.
 * Synchronisation stalls: any synchronisation per step in a detailed window
@@ -159,7 +161,10 @@ class AdviceInputs:
     the steps it recorded, `cpu_count` its machine's cores and
     `ranks_per_host` how many ranks share them, `other_cores` how many other
     processes took (host-load evidence). `window_summary` is the
-    detailed window's summary of `window_rank`.
+    detailed window's summary of `window_rank`. `backward_collectives`:
+    whether the reference rank's Backward may hold collectives
+    (summary.backward_collectives; None: not known), which decides whether
+    a short Forward means the model's forward went unseen into Others.
     """
 
     perf: Optional[PerfSummary] = None
@@ -179,6 +184,7 @@ class AdviceInputs:
     window_rank: Optional[int] = None
     pipeline: Optional[PipelineSummary] = None
     memory: Optional[MemorySummary] = None
+    backward_collectives: Optional[bool] = None
 
 
 Rule = Callable[[AdviceInputs], list[Advice]]
@@ -393,7 +399,7 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
             f"average GPU utilisation below {GPU_UTIL_LOW:g}%: "
             f"{_gpu_names(low, several_hosts)}; the GPU waits for the host to give it work."
         )
-        if others is not None and not forward_unseen(inp.model):
+        if others is not None and not forward_unseen(inp.model, inp.backward_collectives):
             share, avg, step_avg = others
             evidence.update(others_ratio=share, others_avg=avg, step_avg=step_avg)
             message += (
@@ -411,7 +417,7 @@ def cpu_bound(inp: AdviceInputs) -> list[Advice]:
             "move per-step logging and metrics off the critical path",
         )
         return [Advice("cpu-bound", message, evidence, actions)]
-    if not _cpu_only(inp) or others is None or forward_unseen(inp.model):
+    if not _cpu_only(inp) or others is None or forward_unseen(inp.model, inp.backward_collectives):
         # (An unseen forward is in Others: its share says nothing of the
         # loop's own Python; the report's notes say why.)
         return []

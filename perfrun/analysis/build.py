@@ -57,6 +57,7 @@ from perfrun.analysis.series import PageSeries, SeriesSink, add_rank, medians_of
 from perfrun.analysis.stats import default_warmup
 from perfrun.analysis.straggler import Straggler
 from perfrun.analysis.summary import (
+    backward_collectives,
     forward_unseen,
     forward_unseen_note,
     model_summary,
@@ -184,11 +185,17 @@ def _sections(ref: Optional[RankResult]) -> dict[str, bool]:
     return sections
 
 
-def _no_measurement(run: RunResults) -> Optional[str]:
+def _no_measurement(run: RunResults, children: Optional[Children] = None) -> Optional[str]:
     if not run.ranks:
         return "no rank wrote results"
     if any(r.n_steps for r in run.ranks):
         return None
+    if children is not None and children.steps:
+        # Training ran, where perfrun counts it but does not profile it.
+        return (f"no training loop in the script's own process: {children.steps} optimizer "
+                f"steps ran in {children.trained} {_processes(children.trained)} it started "
+                f"({children.who}), which perfrun counts but does not profile (Child "
+                "processes, under Outside the steps)")
     if not any(r.data.get("torch_imported") for r in run.ranks):
         return _before_torch(run.ranks) or NO_TORCH
     return "no PyTorch training loop was seen: no forward, backward or optimizer step ran"
@@ -298,7 +305,8 @@ def build_report(
             [(r.rank, r.n_steps) for r in ranks if r.status == "running" and r.rank in live]),
     )
     report = Report(title=title, sections=_sections(ref))
-    report.problem = _no_measurement(run)
+    children = _children(run.run_dir, ref) if ref is not None else None
+    report.problem = _no_measurement(run, children)
     report.notes = _notes(ranks)
     if report.problem == NO_TORCH:
         report.notes.append(BOOTSTRAP_HINT)
@@ -339,10 +347,9 @@ def build_report(
     if ref is not None:
         report.extras = _extras(ref)
         report.device = device_summary(ranks)
-        children = _children(run.run_dir, ref)
         if children is not None:
-            report.extras.append(children[0])
-            child_steps = children[1]
+            report.extras.append(children.row)
+            child_steps = children.steps
     report.window = window_report(ranks, ref, window, warmup, read.ref)
     table = read.summary
     if ref is not None and table is not None:
@@ -353,7 +360,7 @@ def build_report(
                 f"all {steps_phrase(n_rows)} of rank {ref.rank} fall in the warm-up "
                 "or the detailed window: nothing left to summarise (lower --warmup)"
             )
-        if forward_unseen(report.model):
+        if forward_unseen(report.model, backward_collectives(ref.data)):
             report.notes.append(forward_unseen_note(report.model))
         if report.model.calls().get("Forward") and not report.model.trained:
             report.title = dataclasses.replace(report.title, forward_only=True)
@@ -499,7 +506,33 @@ _TRAINING_ADVICE = ("io-bound", "cpu-bound", "gpu-bound", "sync-stall", "unstabl
 CHILDREN_ROW = "Child processes"
 
 
-def _children(run_dir: str, ref: RankResult) -> Optional[tuple[ExtraRow, int]]:
+@dataclass(frozen=True)
+class Children:
+    """What the processes a rank's script started reported of themselves."""
+
+    row: ExtraRow
+    #: Their optimizer steps, all together.
+    steps: int
+    #: How many of them took one.
+    trained: int
+    #: Who trained: each kind, its processes and pids.
+    who: str
+    #: How the script started them ("multiprocessing", "ray").
+    starters: tuple[str, ...]
+
+
+#: How each kind of child came to be, as the report says it.
+_STARTED_BY = {
+    "multiprocessing": "started by the script with multiprocessing",
+    "ray": "workers of the Ray cluster the script started",
+}
+
+
+def _processes(n: int) -> str:
+    return "process" if n == 1 else "processes"
+
+
+def _children(run_dir: str, ref: RankResult) -> Optional[Children]:
     """The processes the reference rank's script started itself (store/
     childfile.py) and what they trained: one row, with each target's
     optimizer steps, and their optimizer steps in all; None when it started
@@ -507,25 +540,29 @@ def _children(run_dir: str, ref: RankResult) -> Optional[tuple[ExtraRow, int]]:
     found, bad = read_children(run_dir, rank_stem(ref.rank, int(ref.data.get("restart") or 0)))
     if not found and not bad:
         return None
-    by_target: dict[str, list[dict[str, Any]]] = {}
+    by_target: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for child in found:
-        by_target.setdefault(child["target"], []).append(child)
-    parts = []
-    for target, docs in by_target.items():
+        by_target.setdefault((child["started_by"], child["target"]), []).append(child)
+    parts, trained = [], []
+    for (starter, target), docs in by_target.items():
         steps = sum(d["optimizer_steps"] for d in docs)
         raised = sum(d["status"] == "raised" for d in docs)
         pids = ", ".join(str(d["pid"]) for d in docs)
-        part = (f"{target}: {len(docs)} process{'es' if len(docs) > 1 else ''} (pid {pids}), "
+        part = (f"{target}: {len(docs)} {_processes(len(docs))} (pid {pids}), "
                 f"{steps} optimizer steps")
         if raised:
             part += f", {raised} raised"
-        parts.append(part)
+        parts.append(f"{part}; {_STARTED_BY.get(starter, starter)}")
+        if steps:
+            trained.append(f"{target}, pid {pids}")
     if bad:
         parts.append(f"{bad} record(s) unreadable")
-    detail = "; ".join(parts) + "; started by the script with multiprocessing, not profiled"
+    detail = "; ".join(parts) + "; not profiled"
     total = sum(float(d["seconds"]) for d in found)
     steps = sum(d["optimizer_steps"] for d in found)
-    return ExtraRow(CHILDREN_ROW, len(found), total, detail, "process"), steps
+    row = ExtraRow(CHILDREN_ROW, len(found), total, detail, "process")
+    return Children(row, steps, sum(1 for d in found if d["optimizer_steps"]),
+                    "; ".join(trained), tuple(sorted({d["started_by"] for d in found})))
 
 
 def _trained_in_children(report: Report, child_steps: int) -> Optional[str]:
@@ -693,4 +730,5 @@ def advice_inputs(
         window_rank=reference.rank if reference is not None else None,
         pipeline=report.pipeline,
         memory=report.memory,
+        backward_collectives=backward_collectives(data) if ref is not None else None,
     )

@@ -22,7 +22,7 @@ from perfrun.analysis import digest
 from perfrun.analysis.rankpass import RankPass, read_pass
 from perfrun.analysis.selection import Counted, rank_counted
 from perfrun.analysis.stats import Stats, size
-from perfrun.analysis.straggler import RankSteps, Straggler
+from perfrun.analysis.straggler import PACED_IN, RankSteps, Straggler
 from perfrun.analysis.straggler import decide as decide_straggler
 from perfrun.store.files import full_reason
 from perfrun.store.rankfile import RankResult
@@ -626,8 +626,26 @@ def straggler_of(ranks: Sequence[RankResult], index: Any,
     """The straggler verdict (straggler.py) over the steps `index`
     (straggler_steps) of every rank that has steady steps, each rank's rows
     at `index` in `rows` (by rank)."""
-    return decide_straggler([_rank_steps(rank, index, rows[rank.rank])
-                             for rank in ranks if rank.rank in rows])
+    compared = [rank for rank in ranks if rank.rank in rows]
+    return decide_straggler([_rank_steps(rank, index, rows[rank.rank]) for rank in compared],
+                            paced=paced_phase(compared))
+
+
+def paced_phase(ranks: Sequence[RankResult]) -> Optional[str]:
+    """The phase a collective makes the ranks wait in every step, where
+    their files say (straggler.PACED_IN: Backward for a model the ranks
+    call through DistributedDataParallel), or None. Their times alone do
+    not always tell: on a loaded machine the all-reduce hands its result to
+    each rank a little late in turn, and their steps then read as those of
+    ranks that no collective paces. One rank's word is enough: DDP runs
+    only when every rank takes part in its all-reduce."""
+    for rank in ranks:
+        record = rank.data.get("distributed")
+        wrappers = record.get("wrappers") if isinstance(record, Mapping) else None
+        for name in wrappers if isinstance(wrappers, list) else ():
+            if name in PACED_IN:
+                return PACED_IN[name]
+    return None
 
 
 def _straggler(ranks: Sequence[RankResult], warmup: int,

@@ -28,12 +28,14 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from perfrun.analysis.columns import quantities
 from perfrun.analysis.digest import per_second, stats_of
 from perfrun.analysis.stats import Rate, Stats
+from perfrun.store.schema import as_finite, as_int
 from perfrun.store.stepfile import PHASES
 
 #: Phase names as the tables print them, in row order.
@@ -205,7 +207,35 @@ FORWARD_UNSEEN = (
 FORWARD_HIDDEN = 0.1
 
 
-def forward_unseen(model: Optional[ModelSummary]) -> bool:
+def backward_collectives(rank: Mapping[str, Any]) -> Optional[bool]:
+    """Whether the rank's Backward may hold collectives, from its rank
+    document: True when one of its root modules is a data-parallel wrapper
+    (DDP all-reduces the gradients inside Backward), when it saw a process
+    group of more than one rank (its `distributed` record), or when its
+    detailed window's trace timed communication; False when none of these
+    and the rank was alone in its job (no peer to wait for); None otherwise
+    (ranks of a larger job that set no process group up when perfrun
+    looked: independent ones, or ones that did later). A Backward that
+    holds a collective waits there for the other ranks, so its length says
+    nothing of the model's own backward."""
+    window = rank.get("window_summary")
+    dist = window.get("distributed") if isinstance(window, Mapping) else None
+    if isinstance(dist, Mapping):
+        for side in ("cpu", "gpu"):
+            figures = dist.get(side)
+            if (isinstance(figures, Mapping)
+                    and (as_finite(figures.get("communication")) or 0.0) > 0.0):
+                return True
+    record = rank.get("distributed")
+    if isinstance(record, Mapping):
+        group = as_int(record.get("world_size"))
+        if record.get("wrappers") or (group is not None and group > 1):
+            return True
+    return False if as_int(rank.get("world_size")) == 1 else None
+
+
+def forward_unseen(model: Optional[ModelSummary],
+                   collectives: Optional[bool] = None) -> bool:
     """The counted steps trained (a backward or an optimizer step was timed)
     yet timed no forward, or a forward too small to be the model's. The
     model then ran where perfrun times no module call: inside a function
@@ -214,13 +244,21 @@ def forward_unseen(model: Optional[ModelSummary]) -> bool:
     rather than `model(x)` (forward-forward training calls each layer so),
     where only the modules it calls in turn are timed. Its forward is then
     in Others, which is no longer the loop's own Python alone, and the
-    report must say so rather than blame the loop."""
+    report must say so rather than blame the loop.
+
+    A forward small against its backward says so only where the backward
+    is the model's alone: `collectives` (backward_collectives) False. Under
+    DDP the Backward holds the gradients' all-reduce, and the wait in it
+    for the other ranks, so a Forward a tenth of it is the expected shape of
+    a step; where that is not known (None) the forward is not judged by it."""
     if model is None or not model.steps:
         return False
     rows = {row.name: row for row in model.rows}
     calls = model.calls()
     if calls.get("Forward", 0) == 0:
         return model.trained
+    if collectives is not False:
+        return False
     forward, backward = rows.get("Forward"), rows.get("Backward")
     return (forward is not None and backward is not None and calls.get("Backward", 0) > 0
             and forward.cpu.avg < FORWARD_HIDDEN * backward.cpu.avg)

@@ -13,10 +13,33 @@ import sys
 
 
 def _is_rank(payload):
-    if payload.get("launcher") == "torchrun":
+    launcher = payload.get("launcher")
+    if launcher == "torchrun":
         # torchrun's own agent process has no LOCAL_RANK; its workers do.
         return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+    if launcher == "command":
+        # perfrun in front of a launcher's command: its processes that run
+        # the script are the ranks, the launcher's own (accelerate's,
+        # deepspeed's, a torch elastic agent) are not.
+        return _runs(payload.get("rank_target") or {})
     return True
+
+
+def _runs(target):
+    """Whether this interpreter runs `target` (a script's real path, or a
+    module's name). sys.argv is set before site runs: the script as given,
+    or ['-m', ...] with the module's name in sys.orig_argv."""
+    argv = sys.argv
+    if not argv:
+        return False
+    if "script" in target:
+        first = argv[0]
+        return first not in ("", "-c", "-m") and os.path.realpath(first) == target["script"]
+    orig = getattr(sys, "orig_argv", None) or []
+    if argv[0] != "-m" or "-m" not in orig:
+        return False
+    at = orig.index("-m")
+    return orig[at + 1 : at + 2] == [target.get("module")]
 
 
 def _restore_environment(payload, here):
@@ -44,20 +67,16 @@ def _start():
 
         with open(path, encoding="utf-8") as f:
             payload = json.load(f)
+        if "descendant" in payload:
+            # A process of a cluster the script started (a Ray worker): no
+            # rank; what it trains is counted for the rank's report.
+            sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+            _runtime(payload, "children").watch_descendant(payload["descendant"])
+            return
         if not _is_rank(payload):
             return
         _restore_environment(payload, here)
-        try:
-            from perfrun.runtime import lite
-        except ImportError:
-            root = payload.get("package_root")
-            if not root:
-                raise
-            sys.path.append(root)
-            # The script's children will not find perfrun on their path.
-            payload["package_root_used"] = True
-            from perfrun.runtime import lite
-        lite.boot(payload)
+        _runtime(payload, "lite").boot(payload)
     except Exception as exc:  # never break the user's interpreter
         try:
             sys.stderr.write(
@@ -65,6 +84,23 @@ def _start():
             )
         except Exception:
             pass
+
+
+def _runtime(payload, name):
+    """perfrun.runtime.NAME, from where the launcher's perfrun is when this
+    python has none of its own."""
+    import importlib
+
+    try:
+        return importlib.import_module("perfrun.runtime." + name)
+    except ImportError:
+        root = payload.get("package_root")
+        if not root:
+            raise
+        sys.path.append(root)
+        # The script's children will not find perfrun on their path.
+        payload["package_root_used"] = True
+        return importlib.import_module("perfrun.runtime." + name)
 
 
 def _chain():

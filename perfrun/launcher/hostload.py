@@ -17,6 +17,14 @@ its own:
 cores on average over the run. Interrupt time is left out of "busy": a
 job's own network or disk traffic lands there, and it belongs to nobody.
 
+A job that srun or mpirun started, each task with its own perfrun
+(external.py), has its other ranks on this host outside this launcher's
+tree: they are the job, not load from outside. They are the tree of the
+process that started the tasks here (slurmstepd, mpirun or orted, MPICH's
+hydra proxy: `TASK_STARTERS`), found by walking up from the launcher, a
+wrapper script on the way included; only the first task on a host samples
+it, so the host has one record.
+
 A dead process's CPU time is not lost: a process's own children, once
 reaped, are in its cutime/cstime, which the job's figure includes; the
 launcher's, likewise (the script, after the launcher waited for it).
@@ -58,6 +66,16 @@ MAX_TRACKED = 2000
 #: other one is dropped, the first and the last kept, so the averages are
 #: unchanged and only the peak is taken over longer intervals.
 MAX_READINGS = 20000
+#: Names (/proc's, at most 15 characters) of the processes that start a
+#: job's tasks on a host: Slurm's step daemon, Open MPI's mpirun and its
+#: daemons (4: orterun/orted, 5: prterun/prted), MPICH's and Intel MPI's
+#: hydra.
+TASK_STARTERS = frozenset({
+    "slurmstepd", "mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
+    "mpirun.openmpi", "mpiexec.openmpi", "mpiexec.hydra", "hydra_pmi_proxy", "pmi_proxy",
+})
+#: Ancestors looked at, at most, for the task starter.
+MAX_DEPTH = 32
 
 
 @dataclass
@@ -115,6 +133,33 @@ def descendants(parents: Mapping[int, int], root: int) -> set[int]:
         out.add(pid)
         todo.extend(children.get(pid, ()))
     return out
+
+
+def task_starter(parents: Mapping[int, int], names: Mapping[int, str], launcher: int,
+                 starters: frozenset[str] = TASK_STARTERS) -> Optional[int]:
+    """The nearest ancestor of `launcher` that started a job's tasks on this
+    host (by its name), or None: the tree below it is every task of the job
+    here. Nearest, so that mpirun's daemons started by srun under Slurm
+    count their own ranks, not the step's other daemons."""
+    pid = parents.get(launcher)
+    for _ in range(MAX_DEPTH):
+        if pid is None or pid <= 1:
+            return None
+        if names.get(pid) in starters:
+            return pid
+        pid = parents.get(pid)
+    return None
+
+
+def job_processes(parents: Mapping[int, int], launcher: int,
+                  starter: Optional[int] = None) -> set[int]:
+    """The job's processes on this host, the launcher itself left out (its
+    own CPU time is counted apart): everything below the launcher, or, for
+    a task of a job srun or mpirun started, everything below the process
+    that started the tasks, that process included."""
+    if starter is None:
+        return descendants(parents, launcher)
+    return (descendants(parents, starter) | {starter}) - {launcher}
 
 
 def machine_times(fields: Mapping[str, float]) -> tuple[float, float, float]:
@@ -254,11 +299,15 @@ def top_others(
 
 class HostLoadSampler:
     """Samples the host from a daemon thread of the launcher, `root` being
-    the launcher's own pid (its descendants are the job)."""
+    the launcher's own pid (its descendants are the job). `task_of_job`:
+    the launcher is one task of a job srun or mpirun started, and the
+    tree of the process that started the tasks is the job
+    (`task_starter`)."""
 
     def __init__(self, root: Optional[int] = None, interval: float = INTERVAL,
-                 top: int = TOP_OTHERS) -> None:
+                 top: int = TOP_OTHERS, task_of_job: bool = False) -> None:
         self.root = os.getpid() if root is None else root
+        self.task_of_job = task_of_job
         self.interval = interval
         self.top = top  # other processes the evidence lists, busiest first
         self.readings: list[Reading] = []
@@ -404,7 +453,11 @@ class HostLoadSampler:
         if root is None:
             self._note("the launcher's own CPU time could not be read")
             return
-        job = descendants({pid: s[1] for pid, s in stats.items()}, self.root)
+        parents = {pid: s[1] for pid, s in stats.items()}
+        starter = None
+        if self.task_of_job:
+            starter = task_starter(parents, {pid: s[0] for pid, s in stats.items()}, self.root)
+        job = job_processes(parents, self.root, starter)
         # The launcher's reaped children (the script, after the end) are job.
         reading.launcher = root[2] / tick
         reading.job = (root[3] + sum(stats[p][2] + stats[p][3] for p in job)) / tick

@@ -22,6 +22,14 @@ an ended launcher, or this node's slot taken, belongs to an earlier job,
 and every node of the new job moves on to the same next name
 (`job-X`, `job-X.2`, `job-X.3`, ...), since they see the same records.
 
+The same folders hold a job whose ranks another launcher started, each
+task with a perfrun of its own (`srun -n 8 perfrun train.py`, `mpirun`;
+external.py): each task is a "node" of one rank, named `task<R>`. Such
+tasks have no rendezvous to wait for before the script starts, so one may
+end before another has chosen its folder; their records carry what only
+that launch of the job shares (`launch`, e.g. srun's own address), and a
+folder holding a record of the same launch is this job's, ended or not.
+
 Everything that decides is a pure function over plain data; the few reads
 and writes are at the end.
 """
@@ -56,7 +64,8 @@ class JobName:
     folder: str
     #: The id a user gave or a scheduler set; None when derived.
     id: Optional[str]
-    #: Where it came from: "rdzv-id", "SLURM_JOB_ID" or "derived".
+    #: Where it came from: "rdzv-id", "SLURM_JOB_ID" or "derived"; for a
+    #: job of tasks (external.py) also the MPI launcher's own variable.
     source: str
 
 
@@ -121,6 +130,10 @@ class NodeState:
     ended: bool
     #: Whether the launcher's process is alive: known only on its own host.
     alive: Optional[bool]
+    #: What the task's launch shares with every other task of it and with
+    #: no other launch (external.py, `launch_token`); None for a torchrun
+    #: node, or where the launcher gives nothing of the kind.
+    launch: Optional[str] = None
 
 
 def folder_is_open(
@@ -128,6 +141,7 @@ def folder_is_open(
     is_job_folder: bool,
     nodes: Mapping[str, NodeState],
     me: str,
+    launch: Optional[str] = None,
 ) -> Optional[str]:
     """None when this node may join the folder; else why it belongs to
     another (earlier) job.
@@ -136,13 +150,24 @@ def folder_is_open(
     starts: no node trains before all have joined the rendezvous, which
     each launcher starts only after choosing its folder. So an ended record
     (a return code, or a launcher found dead on this host) marks an earlier
-    job, as does this node's own slot already taken."""
+    job, as does this node's own slot already taken.
+
+    Tasks of an external launcher (`launch` given) have no rendezvous: a
+    task whose script failed at once may have ended before its sibling
+    chose. A record of the same launch makes the folder this job's, ended
+    or not; a record of another launch, running or not, another job's."""
     if not exists:
         return None
     if not is_job_folder:
         return "it is not a job folder"
     if me in nodes:
         return f"node {me} already ran there"
+    if launch is not None:
+        theirs = {state.launch for state in nodes.values()}
+        if launch in theirs:
+            return None
+        if theirs - {None}:
+            return "another launch of the job wrote there"
     for key, state in sorted(nodes.items()):
         if state.ended or state.alive is False:
             return f"its node {key} has ended"
@@ -183,13 +208,17 @@ def node_state(meta: Mapping[str, Any], host: Optional[str] = None) -> NodeState
     here = host if host is not None else socket.gethostname()
     if not ended and meta.get("host") == here and isinstance(pid, int) and pid > 0:
         alive = pid_alive(pid)
-    return NodeState(ended=ended, alive=alive)
+    task = meta.get("task")
+    launch = task.get("launch") if isinstance(task, dict) else None
+    return NodeState(ended=ended, alive=alive,
+                     launch=launch if isinstance(launch, str) else None)
 
 
-def choose_job_folder(log_dir: str, name: JobName, me: str) -> tuple[str, list[str]]:
+def choose_job_folder(log_dir: str, name: JobName, me: str,
+                      launch: Optional[str] = None) -> tuple[str, list[str]]:
     """The folder this node joins (created if new), and why each earlier
     name was passed over. Raises OSError when the log folder cannot be
-    written."""
+    written. `launch`: a task's launch token (folder_is_open)."""
     skipped = []
     for k in range(1, MAX_SUFFIX + 1):
         path = os.path.join(log_dir, candidate(name.folder, k))
@@ -198,7 +227,7 @@ def choose_job_folder(log_dir: str, name: JobName, me: str) -> tuple[str, list[s
             os.path.isdir(os.path.join(path, NODES_DIR)) or not _has_results(path)
         )
         nodes = {key: node_state(m) for key, m in read_node_metas(path).items()} if exists else {}
-        why = folder_is_open(exists, is_job, nodes, me)
+        why = folder_is_open(exists, is_job, nodes, me, launch)
         if why is None:
             os.makedirs(os.path.join(path, NODES_DIR), exist_ok=True)
             return path, skipped

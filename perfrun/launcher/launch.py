@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..exitcodes import ExitCode
 from ..prose import terminal_width, wrap
@@ -39,8 +39,11 @@ from ..runtime.memory import oom_kills
 from ..settings import Settings, child_environment, child_settings, port_span
 from ..store import layout
 from ..store.files import Reserve, atomic_write_text, full_reason
-from ..store.rankfile import hostname
+from ..store.rankfile import hostname, launch_identity
 from ..store.runmeta import write_job_meta, write_run_meta
+
+if TYPE_CHECKING:
+    from .external import ExternalTask, Waited
 
 #: The package's folder, and the boot folder put first on the child's
 #: PYTHONPATH (boot/sitecustomize.py).
@@ -92,6 +95,11 @@ class Outcome:
     #: Why run.json could not be updated at the end (a full disk), or None:
     #: then `meta` is the only record of how the run ended.
     meta_unsaved: Optional[str] = None
+    #: This perfrun as one task of a job that srun or mpirun started
+    #: (external.py), or None.
+    task: Optional[ExternalTask] = None
+    #: The task of rank 0: the other tasks it did not wait for.
+    waited: Optional[Waited] = None
 
 
 def check_target(settings: Settings) -> None:
@@ -244,6 +252,9 @@ class RunFolder:
     job: Optional[dict[str, Any]] = None
     #: Earlier folders of the same job name passed over, and why.
     skipped: tuple[str, ...] = ()
+    #: This perfrun as a task of a job srun or mpirun started, each task a
+    #: "node" of one rank (external.py); None for a torchrun node.
+    task: Optional[ExternalTask] = None
 
 
 def _target(settings: Settings) -> list[str]:
@@ -252,23 +263,27 @@ def _target(settings: Settings) -> list[str]:
     return ["-m", str(settings.module), *settings.script_args]
 
 
-def prepare_job_dir(settings: Settings) -> RunFolder:
+def prepare_job_dir(settings: Settings, task: Optional[ExternalTask] = None) -> RunFolder:
     """The folder of this node's multi-node job, shared by every node whose
     --log-dir is the same shared folder: named from the job, never from
-    this node's clock (job.py). Fails here, before the script
+    this node's clock (job.py); for a task of a job srun or mpirun started,
+    named from that job (external.py). Fails here, before the script
     starts, if it cannot be written."""
     import socket
 
     from . import job as jobs
 
-    name = jobs.job_name(
-        settings.rdzv_id, os.environ, settings.rdzv_endpoint, settings.master_addr,
-        settings.master_port, settings.nnodes, settings.nproc_per_node, _target(settings),
-    )
-    key = jobs.node_key(settings.node_rank, socket.gethostname(), os.getpid())
+    if task is not None:
+        name, key, launch = task.job, task.key, task.launch
+    else:
+        name = jobs.job_name(
+            settings.rdzv_id, os.environ, settings.rdzv_endpoint, settings.master_addr,
+            settings.master_port, settings.nnodes, settings.nproc_per_node, _target(settings),
+        )
+        key, launch = jobs.node_key(settings.node_rank, socket.gethostname(), os.getpid()), None
     try:
         os.makedirs(settings.log_dir, exist_ok=True)
-        run_dir, skipped = jobs.choose_job_folder(settings.log_dir, name, key)
+        run_dir, skipped = jobs.choose_job_folder(settings.log_dir, name, key, launch)
         probe = os.path.join(run_dir, layout.NODES_DIR, f".probe{key}")
         with open(probe, "w") as f:
             f.write("x" * 4096)
@@ -280,13 +295,44 @@ def prepare_job_dir(settings: Settings) -> RunFolder:
             ExitCode.CONFIG,
         ) from None
     _point_latest(settings.log_dir, run_dir)
-    facts = jobs.job_facts(name, settings.nnodes, settings.nproc_per_node, _target(settings))
-    return RunFolder(run_dir, key, facts, tuple(skipped))
+    if task is not None:
+        from .external import task_job_facts
+
+        facts = task_job_facts(task, _target(settings))
+    else:
+        facts = jobs.job_facts(name, settings.nnodes, settings.nproc_per_node,
+                               _target(settings))
+    return RunFolder(run_dir, key, facts, tuple(skipped), task)
+
+
+def external_task(settings: Settings) -> Optional[ExternalTask]:
+    """This perfrun as a task of a job srun or mpirun started (external.py),
+    decided from the environment before the script starts; the module only
+    where a launcher's variables say there are several tasks."""
+    # perfrun starting the ranks itself (torchrun, a launcher's command
+    # after perfrun) is a node of the job, never one rank.
+    starts_ranks = settings.distributed or bool(settings.launch)
+    ident = launch_identity(os.environ)
+    if starts_ranks or ident.source is None or ident.world_size <= 1:
+        return None
+    from .external import external_task as task_of
+
+    return task_of(os.environ, starts_ranks, _target(settings))
 
 
 def run_folder(settings: Settings) -> RunFolder:
     if layout.is_multinode(settings.nnodes, settings.distributed):
         return prepare_job_dir(settings)
+    task = external_task(settings)
+    if task is not None:
+        if settings.nsys:
+            # nsys's output is named for torchrun's RANK or for rank 0:
+            # every task would write the same report file.
+            raise LaunchError(
+                f"--nsys is not supported yet for ranks that {task.launcher} started (every "
+                "task would write the same nsys report): run nsys on one rank by hand, or "
+                "drop --nsys", ExitCode.CONFIG)
+        return prepare_job_dir(settings, task)
     return RunFolder(prepare_run_dir(settings.log_dir))
 
 
@@ -302,7 +348,16 @@ def start_notice(settings: Settings, folder: RunFolder, width: Optional[int] = N
     head = f"perfrun: profiling {target}; results in"
     tail = ""
     job = folder.job
-    if job is not None:
+    task = folder.task
+    if job is not None and task is not None:
+        named = (f"job {job['name']}, named from the command line (no job id in the "
+                 "environment)" if job.get("source") == "derived"
+                 else f"job {job['id']} from ${job.get('source')}")
+        tail = (f"({named}; rank {task.rank} of {task.world_size}, tasks of "
+                f"{task.launcher}; every task writes here, and rank 0 prints the report)")
+        if folder.skipped:
+            tail += f"; passed over earlier runs of it: {', '.join(folder.skipped[:3])}"
+    elif job is not None:
         if job.get("source") == "derived":
             named = (f"job {job['name']}, named from the rendezvous address and the command "
                      "line (--rdzv-id ID names it)")
@@ -321,7 +376,11 @@ def start_notice(settings: Settings, folder: RunFolder, width: Optional[int] = N
     return "\n".join(lines)
 
 
-def expected_ranks(settings: Settings) -> int:
+def expected_ranks(settings: Settings, task: Optional[ExternalTask] = None) -> int:
+    if task is not None:
+        return task.world_size
+    if settings.launch:
+        return settings.launch_ranks or 1  # where the launcher's options say
     if not settings.distributed:
         return 1
     nproc = settings.nproc_per_node or 1
@@ -335,6 +394,9 @@ def expected_ranks(settings: Settings) -> int:
 def build_command(settings: Settings, run_dir: str) -> list[str]:
     target = [settings.script] if settings.script is not None else ["-m", str(settings.module)]
     target += list(settings.script_args)
+    if settings.launch:
+        # perfrun in front of a launcher's command: that command, as given.
+        return [*settings.launch, *target]
     nsys: list[str] = []
     if settings.nsys:
         out = layout.nsys_output(run_dir, settings.distributed)
@@ -376,10 +438,36 @@ def build_command(settings: Settings, run_dir: str) -> list[str]:
     for flag, value in flags:
         if value is not None:
             run += [flag, str(value)]
+    # A torchrun command's own options perfrun's settings do not hold.
+    run += list(settings.torchrun_args or ())
     if nsys:
         # nsys inside each worker, so each rank gets its own report file.
         return [*run, "--no-python", *nsys, sys.executable, *target]
     return [*run, *target]
+
+
+def launch_notice(settings: Settings, width: Optional[int] = None) -> str:
+    """Which processes of a launcher's command are profiled, said before
+    it starts: those that run the script (a launcher perfrun does not know
+    is named as such, since that is all perfrun knows of it)."""
+    target = settings.script or f"-m {settings.module}"
+    name = os.path.basename(settings.launch[0])
+    if settings.launch_kind == "command":
+        text = (f"perfrun: note: {name} is no launcher perfrun knows; its processes that run "
+                f"{target} are taken for the ranks, each identified by RANK, SLURM_PROCID, "
+                "OMPI_COMM_WORLD_RANK or PMI_RANK where set (else rank 0)")
+    else:
+        text = f"perfrun: under {name}: its processes that run {target} are the ranks"
+    return text if width is None else "\n".join(wrap(text, width, "", "  "))
+
+
+def rank_target(settings: Settings) -> dict[str, str]:
+    """What a rank runs, for the boot of each process a launcher starts to
+    tell its ranks from the launcher's own processes: the script's real
+    path, or the module's name."""
+    if settings.script is not None:
+        return {"script": os.path.realpath(settings.script)}
+    return {"module": str(settings.module)}
 
 
 def git_state(path: str) -> dict[str, Any]:
@@ -447,23 +535,30 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
     check_metrics(settings)
     folder = run_folder(settings)
     run_dir = folder.path
-    if not settings.quiet:
+    task = folder.task
+    if not settings.quiet and (task is None or task.rank == 0):
+        # Of a job's tasks, rank 0's says it for all.
         # Where the results go, before the script's first line of output.
         width = terminal_width(sys.stderr)
         sys.stderr.write(start_notice(settings, folder, width) + "\n")
         if settings.metrics_port is not None:
             sys.stderr.write(metrics_notice(settings, width) + "\n")
+        if settings.launch:
+            sys.stderr.write(launch_notice(settings, width) + "\n")
         sys.stderr.flush()
     if settings.nsys:
         os.makedirs(os.path.join(run_dir, layout.NSYS_DIR), exist_ok=True)
     cmd = build_command(settings, run_dir)
-    launcher = "torchrun" if settings.distributed else "python"
+    launcher = "torchrun" if settings.distributed else "command" if settings.launch else "python"
     extra = {
         "launcher": launcher,
         "package_root": PACKAGE_ROOT,
         "command": command_line,
         "launcher_pid": os.getpid(),
     }
+    if settings.launch:
+        # Which processes of the launcher's are ranks: those that run this.
+        extra["rank_target"] = rank_target(settings)
     settings_file = layout.settings_path(run_dir, folder.node)
     try:
         atomic_write_text(settings_file, json.dumps(child_settings(settings, run_dir, BOOT_DIR,
@@ -486,7 +581,7 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "git": _git_state(settings) if (settings.baseline or settings.save_baseline) else {},
         "command": command_line,
         "child": cmd,
-        "expected_ranks": expected_ranks(settings),
+        "expected_ranks": expected_ranks(settings, task),
         "nnodes": settings.nnodes,
         "launcher": launcher,
         "started": time.time(),
@@ -494,7 +589,14 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         "host": hostname(),
         "pid": os.getpid(),
     }
-    if folder.node is not None:
+    if task is not None:
+        from .external import task_record
+
+        meta["task"] = task_record(task)
+        # Not "python": each rank's status is its own task's (run.json's
+        # merged one is a single task's).
+        meta["launcher"] = task.launcher_id
+    elif folder.node is not None:
         meta["node_rank"] = settings.node_rank
     write_meta = _meta_writer(run_dir, folder)
     try:
@@ -540,10 +642,12 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         except OSError as exc:
             reserve.release()
             raise LaunchError(start_failure(cmd, env, exc), ExitCode.CONFIG) from None
-        host_load = _start_host_load()
-        # Only once the run has started: a run that cannot start must
-        # not cost an old one.
-        _prune(settings, run_dir)
+        if task is None or task.local_rank == 0:
+            # One sampler a host: a job's first task there counts the others.
+            host_load = _start_host_load(task is not None)
+            # Only once the run has started: a run that cannot start must
+            # not cost an old one.
+            _prune(settings, run_dir)
         if _terminal_owns_sigint():
             # Only now: a child started while SIGINT is ignored would
             # ignore Ctrl-C itself.
@@ -582,9 +686,27 @@ def run(settings: Settings, command_line: Optional[list[str]] = None) -> Outcome
         # A full disk: the run's end is not on disk, but the report of
         # what was kept is still printed, from this record (`meta`).
         unsaved = f"{layout.RUN_META} not updated: {full_reason(exc.errno, exc.strerror)}"
+    waited = _wait_for_tasks(run_dir, task) if task is not None and task.rank == 0 else None
     return Outcome(run_dir=run_dir, returncode=returncode, command=cmd, elapsed=elapsed,
                    status_path=status_path, hung=outcome_flags["hung"], meta=meta,
-                   meta_unsaved=unsaved)
+                   meta_unsaved=unsaved, task=task, waited=waited)
+
+
+def _wait_for_tasks(run_dir: str, task: ExternalTask) -> Optional[Waited]:
+    """The task of rank 0, its own end recorded: the other tasks' ends,
+    so that the job's report has every rank (external.py, bounded by its
+    WAIT). Never a reason to lose the report: a failure is a note."""
+    from .external import wait_for_tasks
+
+    def tell(message: str) -> None:
+        sys.stderr.write(f"perfrun: {message}\n")
+        sys.stderr.flush()
+
+    try:
+        return wait_for_tasks(run_dir, task, tell)
+    except Exception as exc:  # noqa: BLE001 - the report comes first
+        tell(f"note: did not wait for the job's other tasks: {exc}")
+        return None
 
 
 def _owner(folder: RunFolder) -> str:
@@ -664,15 +786,16 @@ def _wait(
             return proc.wait()
 
 
-def _start_host_load() -> Any:
+def _start_host_load(task_of_job: bool = False) -> Any:
     """Sample the host's load beside the job (hostload.py); its evidence
     goes into this launcher's record of the run (run.json, or the node's
     own record in a multi-node job folder). Never a reason for the run
-    not to start."""
+    not to start. `task_of_job`: this perfrun is one task of a job srun or
+    mpirun started, whose other tasks on this host are the job too."""
     try:
         from .hostload import HostLoadSampler
 
-        sampler = HostLoadSampler(os.getpid())
+        sampler = HostLoadSampler(os.getpid(), task_of_job=task_of_job)
         sampler.start()
         return sampler
     except Exception as exc:  # noqa: BLE001 - the observer never stops the run

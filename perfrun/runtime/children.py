@@ -70,6 +70,7 @@ class ChildTarget:
                     "pid": os.getpid(), "target": target_name(self.target),
                     "started": started, "seconds": time.perf_counter() - t0,
                     "optimizer_steps": steps[0], "status": status,
+                    "started_by": "multiprocessing",
                 })
             except Exception:
                 pass  # the child's own outcome is what matters here
@@ -144,3 +145,139 @@ def start_method() -> str:
     # (Without allow_none, asking would fix the method for the script.)
     return (multiprocessing.get_start_method(allow_none=True)
             or multiprocessing.get_all_start_methods()[0])
+
+
+# -- processes of a cluster the script starts (Ray) -----------------------------------------
+
+#: Seconds between a counting process's writes of its document while its
+#: count changes: a worker its cluster kills at the end (Ray's are) keeps
+#: what it counted up to its last write.
+SAVE_EVERY = 0.5
+
+
+class Descendant:
+    """A process of a cluster the rank's script started (a Ray worker),
+    counting its optimizer steps for the rank's report. It is no rank: it
+    has no rank identity of perfrun's, and the cluster runs processes that
+    never train (Ray's dashboard, its idle workers); so nothing is loaded
+    until torch is, and then only torch's own global optimizer step hook
+    counts, writing `children/<stem>.pid<P>.json` at the first step, every
+    SAVE_EVERY seconds after and at exit."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.run_dir = str(spec["run_dir"])
+        self.stem = str(spec["stem"])
+        self.started_by = str(spec.get("started_by") or "ray")
+        self.started = time.time() - float(spec.get("origin_wall") or time.time())
+        self.t0 = time.perf_counter()
+        self.pid = os.getpid()
+        self.steps = [0]
+        self.saved = 0
+        self.done = False
+        self.handle: Any = None
+
+    def on_torch(self, _torch: Any) -> None:
+        optimizer = sys.modules.get("torch.optim.optimizer")
+        register = getattr(optimizer, "register_optimizer_step_post_hook", None)
+        if register is None:
+            return
+        steps, start = self.steps, self._start_saving
+
+        def counted(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+            steps[0] += 1
+            if steps[0] == 1:
+                start()
+
+        self.handle = register(counted)
+
+    def _start_saving(self) -> None:
+        """From the first step on, a thread writes the count whenever it
+        changed, every SAVE_EVERY seconds: the step itself only adds one."""
+        import threading
+
+        self.save("running")
+
+        def loop() -> None:
+            while not self.done:
+                time.sleep(SAVE_EVERY)
+                if self.steps[0] != self.saved and not self.done:
+                    self.save("running")
+
+        threading.Thread(target=loop, name="perfrun-child-count", daemon=True).start()
+
+    def save(self, status: str) -> None:
+        if os.getpid() != self.pid or not self.steps[0]:
+            return  # a fork of it, or a process that never trained
+        command = process_command()
+        steps = self.steps[0]
+        try:
+            childfile.write(self.run_dir, self.stem, {
+                "pid": self.pid, "target": process_title(command),
+                "started": self.started, "seconds": time.perf_counter() - self.t0,
+                "optimizer_steps": steps, "status": status,
+                "started_by": self.started_by, "command": command[:20],
+            })
+            self.saved = steps
+        except Exception:
+            pass  # the process's own work comes first
+
+    def at_exit(self) -> None:
+        if not self.done:
+            self.done = True
+            self.save("finished")
+
+
+def process_command() -> list[str]:
+    """The process's command line as the system shows it now: Ray names its
+    workers there (`ray::RayTrainWorker.train_func`) by rewriting it."""
+    try:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            raw = f.read()
+        words = [w.decode("utf-8", "replace") for w in raw.split(b"\0") if w]
+        if words:
+            return words
+    except OSError:
+        pass
+    return [sys.executable, *sys.argv]
+
+
+def process_title(command: list[str]) -> str:
+    """A process's short name, from its command line, that tells a
+    cluster's processes apart where a cut command line would not: Ray's
+    title for its worker (`ray::RayTrainWorker`, `ray::IDLE`; the method
+    after a dot left out: it changes with the task), `python -m MODULE`,
+    a Python script's file name, else the program's name."""
+    words = [w for w in command if w.strip()]
+    if len(words) == 1:
+        words = words[0].split()
+    if not words:
+        return "process"
+    first = words[0]
+    if "::" in first:
+        return first.split(".")[0]
+    name = os.path.basename(first)
+    if name.startswith("python"):
+        rest = words[1:]
+        for i, word in enumerate(rest):
+            if word == "-m" and i + 1 < len(rest):
+                return f"python -m {rest[i + 1]}"
+            if not word.startswith("-"):
+                return os.path.basename(word)
+    return name
+
+
+def watch_descendant(spec: dict[str, Any]) -> Descendant:
+    """Count what this process trains, once it imports torch (the boot
+    calls this in a process of a cluster the script started)."""
+    import atexit
+
+    from .importwatch import ImportWatcher
+
+    counter = Descendant(spec)
+    if "torch" in sys.modules:
+        counter.on_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, ImportWatcher(counter.on_torch, "torch"))
+    atexit.register(counter.at_exit)
+    return counter
+

@@ -874,9 +874,11 @@ def _batch_size(batch: Any, depth: int = 0) -> int:
 
 
 #: Files whose frames a hooked call adds: the wrappers, the FLOP counter's
-#: `run` on the one step it counts, and the fetch's stages.
+#: `run` on the one step it counts, the fetch's stages, and the boot's
+#: wrapper of `ray.init`.
 _OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "flops.py"),
-              os.path.join(os.path.dirname(__file__), "pipeline.py"))
+              os.path.join(os.path.dirname(__file__), "pipeline.py"),
+              os.path.join(os.path.dirname(__file__), "lite.py"))
 
 
 def without_wrapper_frames(tb: Any) -> Any:

@@ -17,6 +17,8 @@ arguments, whatever the save did: the exit status is the script's.
 from __future__ import annotations
 
 import atexit
+import functools
+import json
 import os
 import sys
 import time
@@ -24,7 +26,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import Any, Callable, Optional
 
-from ..store.layout import rank_filename
+from ..store.layout import descendant_settings_path, rank_filename
 from ..store.rankfile import env_int, environment, rank_document, rank_identity, write_rank_file
 from .importwatch import ImportWatcher
 from .lifeline import AGENT_PID_VAR, die_with, ended_status, say_unsaved
@@ -50,13 +52,16 @@ class Boot:
         os.register_at_fork(after_in_child=self._forked)
         watch_os_exit(self._before_os_exit)
         sys.meta_path.insert(0, ImportWatcher(self._on_torch, "torch"))
+        sys.meta_path.insert(0, ImportWatcher(self._on_ray, "ray"))
 
     def _tie_to_owner(self) -> None:
         """A rank ends with the process that runs it: perfrun for a plain
         script, torchrun's agent for a worker. perfrun arms its own child
         before it starts; a torchrun worker, or a script under nsys, has
-        another parent and arms itself here."""
-        wrapped = bool(self.payload.get("nsys"))
+        another parent and arms itself here, as does a rank of a launcher's
+        command perfrun was put in front of (the launcher stands between
+        them, as nsys does)."""
+        wrapped = bool(self.payload.get("nsys")) or self.payload.get("launcher") == "command"
         if self.payload.get("launcher") == "torchrun":
             owner = env_int(os.environ.pop(AGENT_PID_VAR, None), 0) or None
         else:
@@ -79,6 +84,35 @@ class Boot:
                 sys.stderr.write(f"perfrun: profiling disabled: {type(exc).__name__}: {exc}\n")
             except Exception:
                 pass
+
+    def _on_ray(self, ray: Any) -> None:
+        """Ray: the workers of a Ray cluster the script starts (Ray Train's
+        among them) run where perfrun cannot follow them as ranks; each is
+        given, through the environment Ray hands its processes, what to
+        count what it trains (runtime/children.py)."""
+        try:
+            wrap_ray_init(ray, self._descendant_environment)
+        except Exception:
+            pass  # the script's Ray comes first
+
+    def _descendant_environment(self) -> dict[str, str]:
+        """The variables a process of the script's cluster starts with: the
+        boot first on its path, and where its settings are."""
+        stem = rank_filename(self.rank, self.restart)[: -len(".json")]
+        path = descendant_settings_path(self.payload["run_dir"], stem)
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            spec = {"run_dir": self.payload["run_dir"], "stem": stem,
+                    "origin_wall": self.t0_unix, "started_by": "ray"}
+            doc = {"descendant": spec, "package_root": self.payload.get("package_root")}
+            tmp = f"{path}.tmp{self.pid}"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, path)
+        original = os.environ.get("PYTHONPATH")
+        boot = self.payload.get("boot_dir") or ""
+        return {"PERFRUN_SETTINGS": path,
+                "PYTHONPATH": boot + (os.pathsep + original if original else "")}
 
     def _forked(self) -> None:
         self.done = True  # a forked child is not a rank
@@ -149,6 +183,38 @@ def not_started(exc: Optional[BaseException]) -> Optional[str]:
             return None
         tb = tb.tb_next
     return " ".join(str(exc).split())[:300]
+
+
+def wrap_ray_init(ray: Any, environment: Callable[[], dict[str, str]]) -> None:
+    """Have `ray.init` start its processes with `environment()` added to
+    os.environ, for the length of the call alone: Ray's processes copy the
+    environment they start in (its raylet, and the workers the raylet
+    starts), and the script sees its own before and after. A call that
+    connects to a cluster already running starts nothing, and changes
+    nothing there."""
+    original = getattr(ray, "init", None)
+    if original is None or getattr(original, "__perfrun__", False):
+        return
+
+    @functools.wraps(original)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        try:
+            added = environment()
+        except Exception:
+            added = {}
+        saved = {k: os.environ.get(k) for k in added}
+        os.environ.update(added)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    init.__perfrun__ = True  # type: ignore[attr-defined]
+    ray.init = init
 
 
 def watch_os_exit(before: Callable[[Any], None]) -> None:

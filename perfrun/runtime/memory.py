@@ -224,7 +224,9 @@ def _child_name(child: Any, parent: Any) -> str:
         same = False
     if same or "multiprocessing" in text or not text:
         return "child process"
-    return text[:60]
+    from .children import process_title
+
+    return process_title(cmdline)
 
 
 CGROUP_ROOT = "/sys/fs/cgroup"

@@ -22,6 +22,7 @@ anything inside it or on a module compiled in place (`model.compile()`).
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Optional
 
@@ -213,12 +214,51 @@ class ModuleRanges:
             self._domain.pop_range()
 
 
+#: torch's data-parallel wrappers, by class name: each runs collectives
+#: inside the phases perfrun times (DistributedDataParallel all-reduces the
+#: gradients in Backward; FSDP gathers the parameters in Forward and
+#: reduces the gradients in Backward).
+PARALLEL_WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "FSDPModule")
+
+
+def parallel_wrappers(module: Any) -> list[str]:
+    """The torch data-parallel wrappers `module` is (its class or a base of
+    it: a subclass of DDP all-reduces as DDP does), also through a
+    `torch.compile` wrapper, by name. Read from the classes' names, so that
+    nothing of torch.distributed is imported for it."""
+    found = []
+    for each in (module, compiled_inner(module)):
+        if each is None:
+            continue
+        for klass in type(each).__mro__:
+            if (klass.__name__ in PARALLEL_WRAPPERS
+                    and str(getattr(klass, "__module__", "")).startswith("torch.")):
+                found.append(klass.__name__)
+    return found
+
+
+def process_group() -> tuple[Optional[int], Optional[str]]:
+    """The default process group's size and backend, or (None, None) when
+    none is initialised (or the script never imported torch.distributed)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None, None
+    return int(dist.get_world_size()), str(dist.get_backend())
+
+
 class RootTracker:
-    """The outermost modules the script calls (weakly held), in order."""
+    """The outermost modules the script calls (weakly held), in order, and
+    what torch.distributed was when each was first called (`distributed`,
+    the rank file's section): the analysis must know whether a rank's
+    Backward holds collectives (DDP's all-reduce) to read its phases. A
+    root is first called after the script has set its process group up
+    (DDP cannot be built before), and looked at once, off the steps' hot
+    path."""
 
     def __init__(self) -> None:
         # Read directly by the forward hook: one membership test per call.
         self.ids: dict[int, Any] = {}
+        self.distributed: Optional[dict[str, Any]] = None
 
     def see(self, module: Any) -> None:
         key = id(module)
@@ -227,6 +267,22 @@ class RootTracker:
                 self.ids[key] = weakref.ref(module)
             except TypeError:
                 self.ids[key] = lambda: None
+            self._see_distributed(module)
+
+    def _see_distributed(self, module: Any) -> None:
+        """Add what `module` and the process group say now: wrappers add
+        up, and a process group once seen stays (the script may destroy it
+        before its last call). A new record each time: the flush thread may
+        be writing the last one."""
+        last = self.distributed or {"world_size": None, "backend": None, "wrappers": []}
+        world_size, backend = process_group()
+        if world_size is None:
+            world_size, backend = last["world_size"], last["backend"]
+        self.distributed = {
+            "world_size": world_size,
+            "backend": backend,
+            "wrappers": sorted(set(last["wrappers"]) | set(parallel_wrappers(module))),
+        }
 
     def alive(self) -> list[Any]:
         out = []

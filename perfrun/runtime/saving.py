@@ -208,6 +208,7 @@ class Saving:
             module_hook_calls=(
                 self.module_ranges.calls if self.module_ranges is not None else None
             ),
+            distributed=self.roots.distributed,
             torch_imported=self.torch is not None,
             gpu=self.gpu_timer is not None,
             cuda=self.cuda,

@@ -2,20 +2,29 @@
 `children/rank<R>.pid<P>.json`, one small document per process.
 
 A script may train in processes of its own (`torch.multiprocessing`'s
-`Process`: Hogwild training on a shared model) while its own process only
-tests. perfrun profiles the processes it launches, not those (see
+`Process`: Hogwild training on a shared model; Ray Train's workers, which
+the Ray cluster the script starts runs) while its own process only tests
+or waits. perfrun profiles the processes it launches, not those (see
 runtime/children.py for why), but the report must not read the parent's
-test loop as the training: each child started with a target from the
-script writes this document, with the optimizer steps it took, when its
-target returns or raises.
+loop as the training, nor say that no training ran: each such process
+writes this document, with the optimizer steps it took.
 
-    {"format": "perfrun-child", "version": 1, "pid": 1234,
+    {"format": "perfrun-child", "version": 2, "pid": 1234,
      "target": "train", "started": 12.5, "seconds": 3.2,
-     "optimizer_steps": 40, "status": "finished"}
+     "optimizer_steps": 40, "status": "finished",
+     "started_by": "multiprocessing", "command": ["python", "..."]}
 
 `started` is the process's start on the rank's clock (seconds since the
-rank started), `seconds` how long the target ran, `status` "finished" or
-"raised". Version history: 1, the only one.
+rank started), `seconds` how long it ran (its target, or since torch was
+imported), `status` "finished" or "raised" (a target's end), or "running"
+(a process that writes as it goes and had not ended at its last write:
+killed, or still running). `started_by` says how the script started it
+("multiprocessing", or "ray": a worker of the Ray cluster the script
+started), `command` the process's command line where it is not the
+script's own.
+
+Version history: 1, without `started_by` (multiprocessing, always),
+`command` and the "running" status; 2, with them. Both are read.
 
 Standard library only: written from inside the child.
 """
@@ -29,8 +38,12 @@ from typing import Any, Optional
 from . import layout
 
 FORMAT = "perfrun-child"
-VERSION = 1
-STATUSES = ("finished", "raised")
+VERSION = 2
+#: The versions read.
+VERSIONS = (1, 2)
+STATUSES = ("finished", "raised", "running")
+#: How the script started a child (`started_by`).
+STARTERS = ("multiprocessing", "ray")
 
 
 def write(run_dir: str, stem: str, record: dict[str, Any]) -> None:
@@ -44,7 +57,17 @@ def write(run_dir: str, stem: str, record: dict[str, Any]) -> None:
 
 
 def _valid(doc: Any) -> Optional[dict[str, Any]]:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or \
+            doc.get("version") not in VERSIONS:
+        return None
+    if doc["version"] == 1 and doc.get("status") == "running":
+        return None
+    doc.setdefault("started_by", "multiprocessing")
+    if doc.get("started_by") not in STARTERS:
+        return None
+    command = doc.get("command")
+    if command is not None and not (isinstance(command, list)
+                                    and all(isinstance(c, str) for c in command)):
         return None
     if not isinstance(doc.get("pid"), int) or not isinstance(doc.get("target"), str):
         return None

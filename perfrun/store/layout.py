@@ -221,6 +221,12 @@ def child_path(run_dir: str, stem: str, pid: int) -> str:
     return os.path.join(run_dir, CHILDREN_DIR, f"{stem}.pid{pid}.json")
 
 
+def descendant_settings_path(run_dir: str, stem: str) -> str:
+    """What the processes of a cluster a rank's script starts (Ray's) read
+    at their start: where to count what they train (runtime/children.py)."""
+    return os.path.join(run_dir, CHILDREN_DIR, f"{stem}.descendants.json")
+
+
 def tracker_path(run_dir: str, stem: str) -> str:
     """The tracker runs a rank (`stem`) logged its figures into."""
     return os.path.join(run_dir, TRACKERS_DIR, f"{stem}.json")

@@ -36,7 +36,7 @@ import sys
 from collections.abc import Mapping
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from .. import __version__
 from .files import ResultsError, atomic_write_text, load_json
@@ -277,6 +277,15 @@ RANK_FILE = Obj({
     "window_summary": Opt(_WINDOW_SUMMARY),
     "nsys_capture": Opt(ListOf(OBJ)),
     "module_hook_calls": Opt(INT),
+    # What the rank saw of torch.distributed when it first called each root
+    # module (runtime/modules.py, RootTracker): the default process group's
+    # size and backend (null: none was initialised then), and the torch
+    # data-parallel wrappers among the roots, by class name
+    # (`DistributedDataParallel`: the gradients' all-reduce runs inside
+    # Backward, every step). The analysis reads from it whether Backward
+    # holds collectives. Absent in older files; null when no root was called.
+    "distributed": Opt(Obj({"world_size": Opt(INT), "backend": Opt(STR),
+                            "wrappers": ListOf(STR)})),
     "torch_imported": BOOL,
     "gpu": BOOL,
     "cuda": Opt(OBJ),
@@ -363,13 +372,65 @@ def env_int(value: Optional[str], default: int) -> int:
         return default
 
 
+#: Where a rank's place in its job is read, first found first: (whose
+#: variables, rank, local rank (alternatives), world size). torchrun's own
+#: first: a torchrun worker inside a Slurm task has both, and RANK is its
+#: own. The MPI launchers' before Slurm's: mpirun or mpiexec inside a
+#: Slurm allocation starts its daemons with srun, one task a node, so each
+#: rank inherits the SLURM_PROCID of its node's daemon. Slurm's only for a
+#: task of a job step (SLURM_STEP_NUM_TASKS): a batch script, one process,
+#: has SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation, and no step.
+IDENTITY_VARIABLES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("torchrun", "RANK", ("LOCAL_RANK",), "WORLD_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_LOCAL_RANK",), "OMPI_COMM_WORLD_SIZE"),
+    ("pmi", "PMI_RANK", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), "PMI_SIZE"),
+    ("slurm", "SLURM_PROCID", ("SLURM_LOCALID",), "SLURM_STEP_NUM_TASKS"),
+)
+
+
+class LaunchIdentity(NamedTuple):
+    """A process's place in its job as the job's launcher told it."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    #: Whose variables said so (IDENTITY_VARIABLES), or None: no launcher
+    #: did, a process of its own (rank 0 of 1).
+    source: Optional[str]
+
+
+def launch_identity(environ: Mapping[str, str]) -> LaunchIdentity:
+    """This process's rank, local rank and world size, from the first
+    launcher whose variables it has (IDENTITY_VARIABLES). torchrun's are
+    taken as they always were (RANK present; a missing or odd one is
+    0 or 1); another launcher's only where its rank and size are both
+    integers and the rank is within the size: a stray variable must not
+    make a process a rank of a job it is not in."""
+    for source, rank_var, local_vars, size_var in IDENTITY_VARIABLES:
+        if rank_var not in environ:
+            continue
+        local = next((environ[v] for v in local_vars if v in environ), None)
+        if source == "torchrun":
+            return LaunchIdentity(env_int(environ.get(rank_var), 0), env_int(local, 0),
+                                  env_int(environ.get(size_var), 1), source)
+        rank, size = env_int(environ.get(rank_var), -1), env_int(environ.get(size_var), 0)
+        if 0 <= rank < size:
+            local_rank = env_int(local, 0)
+            return LaunchIdentity(rank, local_rank if local_rank >= 0 else 0, size, source)
+    return LaunchIdentity(0, env_int(environ.get("LOCAL_RANK"), 0),
+                          env_int(environ.get("WORLD_SIZE"), 1), None)
+
+
 def rank_identity(environ: Mapping[str, str]) -> dict[str, int]:
-    """Which rank of which job this process is, from the variables torchrun
-    sets (a plain `python` run is rank 0 of 1)."""
+    """Which rank of which job this process is, from the variables of the
+    launcher that started it (launch_identity: torchrun's, else Open MPI's,
+    PMI's or a Slurm step's; a plain `python` run is rank 0 of 1). Read,
+    never set: the script sees the environment it was given."""
+    ident = launch_identity(environ)
     return {
-        "rank": env_int(environ.get("RANK"), 0),
-        "local_rank": env_int(environ.get("LOCAL_RANK"), 0),
-        "world_size": env_int(environ.get("WORLD_SIZE"), 1),
+        "rank": ident.rank,
+        "local_rank": ident.local_rank,
+        "world_size": ident.world_size,
         "restart": env_int(environ.get("TORCHELASTIC_RESTART_COUNT"), 0),
     }
 
@@ -408,6 +469,7 @@ SECTIONS: dict[str, Any] = {
     "window_summary": lambda: None,
     "nsys_capture": lambda: None,
     "module_hook_calls": lambda: None,
+    "distributed": lambda: None,
     "torch_imported": lambda: False,
     "gpu": lambda: False,
     "cuda": dict,

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from . import layout
 from .files import DAMAGED, MISSING, ResultsError
 from .rankfile import RankResult, hostname, read_rank_file
-from .runmeta import read_exit_codes, read_run_meta, run_started
+from .runmeta import read_exit_codes, read_run_meta, run_started, task_exit_codes
 
 #: What a run in which no rank imported torch reports (the full report, and
 #: the command line's short one for such runs: never_imported_torch).
@@ -28,9 +28,10 @@ NO_TORCH = "no PyTorch training loop was seen: the script never imported torch"
 #: Said when perfrun saw no torch at all: the likeliest reason in a script
 #: that does train is that it trains in a process perfrun never entered.
 BOOTSTRAP_HINT = (
-    "perfrun measures only the Python process it starts (under torchrun, its "
-    "workers): training in a process the script starts itself (python -E, -I or -S, "
-    "subprocess, multiprocessing) or after it re-executes itself (os.exec*) is not measured"
+    "the process perfrun started never imported torch. If the script trains in a process "
+    "it starts itself (subprocess, python -E, -I or -S) or after it re-executes itself "
+    "(os.exec*), perfrun does not measure that process; a script that does not use "
+    "PyTorch has no training loop for perfrun to see"
 )
 
 
@@ -106,6 +107,7 @@ def read_run(run_dir: str, check_steps: bool = True) -> RunResults:
         # job's ranks (expected_ranks), so its missing ranks are the job's.
         missing = []
     first, codes = read_exit_codes(run_dir)
+    codes = {**task_exit_codes(meta), **codes}
     return RunResults(run_dir=run_dir, ranks=ranks, meta=meta, missing=missing,
                       exit_codes=codes, first_failed=first)
 
@@ -243,13 +245,19 @@ RANK_FRESH = 60.0
 
 def _node_running(rank: RankResult, nodes: dict[str, Any]) -> bool:
     """Whether the launcher of the node `rank` ran on has recorded no end:
-    the node found by the --node-rank in the rank's settings, else by host."""
+    the node found by the --node-rank in the rank's settings, else by host;
+    a task of a job srun or mpirun started (launcher/external.py), a node
+    of one rank, by that rank."""
     node_rank = (rank.data.get("settings") or {}).get("node_rank")
     host = (rank.data.get("env") or {}).get("hostname")
     for key, node in nodes.items():
         if not isinstance(node, dict):
             continue
-        mine = str(node_rank) == key if node_rank is not None else node.get("host") == host
+        task = node.get("task")
+        if isinstance(task, dict):
+            mine = task.get("rank") == rank.rank
+        else:
+            mine = str(node_rank) == key if node_rank is not None else node.get("host") == host
         if mine:
             return not isinstance(node.get("returncode"), int)
     return False

@@ -76,6 +76,8 @@ RUN_META = Obj({
         "nproc_per_node": Opt(INT),
         "world_size": Opt(INT),
         "script": Opt(STR),
+        # A job of tasks srun or mpirun started (launcher/external.py).
+        "launcher": Opt(STR),
     })),
     "nodes": Opt(Obj(values=OBJ)),
 })
@@ -187,6 +189,26 @@ def read_exit_codes(run_dir: str) -> tuple[Optional[int], dict[int, int]]:
         if first is None and str(status.get("first", "")).isdigit():
             first = int(status["first"])
     return first, codes
+
+
+def task_exit_codes(meta: Mapping[str, Any]) -> dict[int, int]:
+    """Each failed rank's exit status in a job whose ranks srun or mpirun
+    started, each task with its own perfrun (launcher/external.py): the
+    status its task's launcher recorded (negative: the signal that ended
+    it), from run.json's node records. The job's merged `returncode` is
+    one task's, not every rank's."""
+    nodes = meta.get("nodes")
+    codes: dict[int, int] = {}
+    if not isinstance(nodes, Mapping):
+        return codes
+    for node in nodes.values():
+        task = node.get("task") if isinstance(node, Mapping) else None
+        code = node.get("returncode") if isinstance(node, Mapping) else None
+        rank = task.get("rank") if isinstance(task, Mapping) else None
+        if (isinstance(rank, int) and isinstance(code, int) and not isinstance(code, bool)
+                and code != 0):
+            codes[rank] = code
+    return codes
 
 
 # -- a multi-node job's node records ------------------------------------------------------
