@@ -26,7 +26,7 @@ from .launcher.launch import LaunchError, Outcome, exit_like
 from .prose import for_stream
 from .settings import Settings
 from .store import layout
-from .store.files import MISSING, ResultsError, atomic_write_text
+from .store.files import MISSING, ResultsError, write_named_file
 from .store.results import (
     BOOTSTRAP_HINT,
     NO_TORCH,
@@ -66,7 +66,7 @@ def _destination(output: Optional[str]) -> Iterator[IO[str]]:
         return
     buffer = io.StringIO()
     yield buffer
-    atomic_write_text(output, buffer.getvalue())
+    write_named_file(output, buffer.getvalue())
 
 
 def view_of(settings: Settings) -> dict[str, Any]:
@@ -88,7 +88,9 @@ def writable_file_problem(path: str, what: str) -> Optional[str]:
     never be saved."""
     if os.path.isdir(path):
         return f"{what} {path} is a folder; give a file name"
-    folder = os.path.dirname(os.path.abspath(path))
+    # A symlink is written through (store/files.write_named_file): the
+    # folder that matters is its target's.
+    folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
         return f"{what} {path}: no such folder {folder}"
     if not os.access(folder, os.W_OK | os.X_OK):

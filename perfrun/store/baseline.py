@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from .files import MISSING, ResultsError, atomic_write_text, load_json
+from .files import MISSING, ResultsError, load_json, write_named_file
 from .rankfile import FORMAT as RESULTS_FORMAT
 from .rankfile import validate
 from .results import RunResults, read_run, resolve_run_dir
@@ -195,9 +195,9 @@ def write_baseline(
         "missing": run.missing,
         "history": history,
     }
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.realpath(path))
     os.makedirs(folder, exist_ok=True)
-    atomic_write_text(path, json.dumps(doc))
+    write_named_file(path, json.dumps(doc))
     return 1 + len(history)
 
 
@@ -212,7 +212,11 @@ def stored_disturbed(path: str) -> list[str]:
 def _read_doc(path: str) -> Optional[dict[str, Any]]:
     """The baseline document in `path`, or None when there is none to use:
     callers that merely consult a baseline (its history, its stored
-    fingerprint) fall back rather than fail; load() is the one that says why."""
+    fingerprint) fall back rather than fail; load() is the one that says why.
+    Only a regular file is read: a FIFO or a device named as the baseline
+    to save holds no history (reading a FIFO would wait for a writer)."""
+    if not os.path.isfile(path):
+        return None
     try:
         doc = load_json(path)
     except ResultsError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from typing import Any, Optional
 
 from .schema import shown
@@ -38,10 +39,14 @@ class ResultsError(Exception):
 _COUNTER = 0
 
 
-def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
+def atomic_write_text(path: str, text: str, *, durable: bool = False,
+                      mode: Optional[int] = None) -> None:
     """Write via a temporary file and `os.replace`, so a reader (or a crash)
     never sees half a file. `durable` adds an fsync, kept for the final write:
-    periodic flushes only need to survive the process, not the machine."""
+    periodic flushes only need to survive the process, not the machine.
+    `mode`: the permissions the file gets (those of the file it replaces).
+    For perfrun's own files; a path the user named goes through
+    write_named_file, which never renames over what is not a file."""
     directory = os.path.dirname(os.path.abspath(path))
     global _COUNTER
     _COUNTER += 1
@@ -53,6 +58,8 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -60,6 +67,59 @@ def atomic_write_text(path: str, text: str, *, durable: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+#: Paths that name one of this process's open descriptors: written to that
+#: descriptor, as a shell's `> /dev/stdout` does, never opened anew (which
+#: would truncate the file a redirected stdout was writing) nor replaced.
+_DESCRIPTOR_PATHS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _descriptor(path: str) -> Optional[int]:
+    """The descriptor a path like /dev/stdout, /dev/fd/3 or
+    /proc/self/fd/3 names, or None."""
+    if path in _DESCRIPTOR_PATHS:
+        return _DESCRIPTOR_PATHS[path]
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if path.startswith(prefix) and path[len(prefix):].isdigit():
+            return int(path[len(prefix):])
+    return None
+
+
+def write_named_file(path: str, text: str) -> None:
+    """Write a file the user named (`--output`, `--save-baseline`) without
+    ever putting something else in place of what is there:
+
+    * /dev/stdout, /dev/stderr, /dev/fd/N: written to that descriptor;
+    * a path that exists and is no regular file (a device such as
+      /dev/null, a FIFO, a socket): opened and written, as `> path` would;
+    * a symlink: written through, the file it points to replaced in its
+      own folder (atomically) and the link left as it is;
+    * a file with other names (hard links): written in place;
+    * a regular file or a new path: atomically (atomic_write_text), the
+      file's permissions kept.
+
+    Never a rename over anything but a regular file. Raises OSError."""
+    fd = _descriptor(os.path.abspath(path))
+    if fd is not None:
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+        return
+    try:
+        st: Optional[os.stat_result] = os.stat(path)  # through any link
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if st is not None and (not stat.S_ISREG(st.st_mode) or st.st_nlink > 1):
+        # Not a file to replace: a device or a FIFO, or a file with other
+        # names (hard links) that a rename would leave with the old text.
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    atomic_write_text(os.path.realpath(path), text,
+                      mode=stat.S_IMODE(st.st_mode) if st is not None else None)
 
 
 #: Errors that say the disk, or the space this process may use of it, is
