@@ -37,6 +37,7 @@ from .settings import (
     command_line_options,
     formats,
     parse_threshold,
+    user_path,
 )
 
 COMMANDS = ("run", "report", "compare", "analyze", "combine", "watch", "status")
@@ -221,7 +222,7 @@ def run_command(**kwargs: Any) -> int:
 @cli.command("report")
 @click.argument("log_dir", default="perfrun_log")
 @click.option("--format", "fmt", type=click.Choice(formats("report")), default="table")
-@click.option("--output", metavar="FILE", default=None)
+@click.option("--output", metavar="FILE", default=None, type=user_path)
 @click.option("--warmup", type=int, default=None, metavar="N")
 @lambda f: _apply(_click_options("report"), f)
 def report_command(
@@ -237,7 +238,7 @@ def report_command(
 @cli.command("analyze")
 @click.argument("traces", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(formats("analyze")), default="table")
-@click.option("--output", metavar="FILE", default=None)
+@click.option("--output", metavar="FILE", default=None, type=user_path)
 @lambda f: _apply(_click_options("analyze"), f)
 def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **view: Any) -> int:
     """Print the window tables (Overview, Operator, Kernel, Distributed,
@@ -314,7 +315,7 @@ def status_command(log_dir: str) -> int:
     type=click.Choice(formats("compare")),
     default="table",
 )
-@click.option("--output", metavar="FILE", default=None)
+@click.option("--output", metavar="FILE", default=None, type=user_path)
 @click.option("--warmup", type=int, default=None, metavar="N")
 def compare_command(
     baseline: str,

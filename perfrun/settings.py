@@ -185,10 +185,17 @@ def _as_window(origin: str, key: str, value: Any) -> tuple[int, int] | None:
     raise _wrong(origin, key, "two integers [START, END]", value)
 
 
+def user_path(value: str) -> str:
+    """A path option's value with `~` expanded: the shell leaves it as it
+    is after `=` (`--log-dir=~/runs`) and in a config file, where a folder
+    named `~` is never what was meant."""
+    return os.path.expanduser(value)
+
+
 def _as_path(origin: str, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise _wrong(origin, key, "a path", value)
-    return value
+    return user_path(value)
 
 
 def _as_word(origin: str, key: str, value: Any) -> str:
@@ -347,7 +354,8 @@ class Settings:
         help="Detailed window on steps [START, END).",
     )
     log_dir: str = option(
-        "--log-dir", default="./perfrun_log", metavar="DIR", yaml=_as_path, yaml_key="profiler_log",
+        "--log-dir", default="./perfrun_log", metavar="DIR", type=user_path, yaml=_as_path,
+        yaml_key="profiler_log",
         help="Where runs are saved (default ./perfrun_log); one folder per run, "
         "and a `latest` link.",
     )
@@ -498,7 +506,8 @@ class Settings:
         "(--baseline and --max-regression).",
     )
     output: str | None = option(
-        "--output", metavar="FILE", help="Write the report to FILE instead of standard output."
+        "--output", metavar="FILE", type=user_path,
+        help="Write the report to FILE instead of standard output."
     )
     #: Serve each rank's figures to Prometheus while the run lasts: the rank
     #: with local rank L on port PORT + L (runtime/metrics.py,
@@ -538,10 +547,11 @@ class Settings:
 
     # -- the gate --
     save_baseline: str | None = option(
-        "--save-baseline", metavar="FILE", help="Save this run as a baseline for the gate."
+        "--save-baseline", metavar="FILE", type=user_path,
+        help="Save this run as a baseline for the gate."
     )
     baseline: str | None = option(
-        "--baseline", metavar="FILE|DIR",
+        "--baseline", metavar="FILE|DIR", type=user_path,
         help="Gate: compare this run with a baseline file or results folder.",
     )
     max_regression: float | None = option(
@@ -640,6 +650,9 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise SettingsError(f"--{name.replace('_', '-')} cannot be negative ({value})")
+        if self.stop_after == 0:
+            raise SettingsError("--stop-after must be at least 1: with 0 the script would be "
+                                "ended before its first step, leaving nothing to report")
         if self.batch_size is not None and self.batch_size < 1:
             raise SettingsError(f"--batch-size must be at least 1, not {self.batch_size}")
         if self.step_on not in STEP_ON:

@@ -638,6 +638,7 @@ def test_defaults_are_valid() -> None:
         ({"nproc_per_node": 0}, "--nproc-per-node must be at least 1"),
         ({"warmup": -1}, "--warmup cannot be negative"),
         ({"stop_after": -5}, "--stop-after cannot be negative"),
+        ({"stop_after": 0}, "--stop-after must be at least 1"),
         ({"batch_size": 0}, "--batch-size must be at least 1"),
         ({"step_on": "epoch"}, "--step-on must be one of"),
         ({"format": "html"}, "--format must be one of"),
@@ -658,7 +659,7 @@ def test_validate_rejects(changes: dict, fragment: str) -> None:
         {"scheduler": (0, 1)},
         {"scheduler": (100, 110)},
         {"nproc_per_node": 1},
-        {"warmup": 0, "stop_after": 0, "batch_size": 1},
+        {"warmup": 0, "stop_after": 1, "batch_size": 1},
         {"flush_interval": 0.2},
     ],
 )
@@ -706,3 +707,24 @@ def test_bare_perfrun_prints_the_help_and_exits_2(capsys, monkeypatch) -> None:
     err = capsys.readouterr().err
     assert err.startswith("Usage: perfrun")
     assert "perfrun run --help" in err and "compare" in err and "error" not in err
+
+
+def test_a_home_in_a_path_option_is_expanded(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    """`--log-dir=~/runs`: the shell leaves `~` as it is after `=`; a folder
+    named `~` is never what was meant. The config file's path too."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ctx = cli.run_command.make_context(
+        "run", ["--log-dir=~/runs", "--output=~/r.json", "--save-baseline=~/b.json",
+                "--baseline=~/base.json", "train.py"])
+    assert ctx.params["log_dir"] == str(tmp_path / "runs")
+    assert ctx.params["output"] == str(tmp_path / "r.json")
+    assert ctx.params["save_baseline"] == str(tmp_path / "b.json")
+    assert ctx.params["baseline"] == str(tmp_path / "base.json")
+    report = cli.cli.commands["report"].make_context("report", ["--output=~/x.md", "runs"])
+    assert report.params["output"] == str(tmp_path / "x.md")
+    config = tmp_path / "train.yaml"
+    config.write_text("Profiler:\n  profiler_log: ~/logs\n")
+    from perfrun.config import load_config
+
+    assert load_config(str(config))["log_dir"] == str(tmp_path / "logs")

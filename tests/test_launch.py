@@ -175,3 +175,19 @@ def test_a_script_that_cannot_be_started_is_one_line_and_prunes_nothing(
                              "too long: the arguments and the environment take "), err
     assert err[1].endswith(f"bytes, and the system takes at most {os.sysconf('SC_ARG_MAX')}")
     assert {"20260101-000000-1", "20260102-000000-2"} <= set(os.listdir(log))
+
+
+def test_a_latest_that_is_a_folder_is_kept_and_no_link_left_beside_it(tmp_path: Path) -> None:
+    """A log folder copied with cp -rL or scp -r: `latest` is a folder,
+    which perfrun never removes, and each run once left a `latest.tmp<PID>`
+    link beside it."""
+    from perfrun.launcher.launch import _point_latest
+
+    copied = tmp_path / "latest"
+    copied.mkdir()
+    (copied / "rank0.json").write_text("{}")
+    run = tmp_path / "20261128-101010-1"
+    run.mkdir()
+    _point_latest(str(tmp_path), str(run))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["20261128-101010-1", "latest"]
+    assert copied.is_dir() and not copied.is_symlink() and (copied / "rank0.json").exists()

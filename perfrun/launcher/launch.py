@@ -232,12 +232,18 @@ def prepare_run_dir(log_dir: str) -> str:
 
 def _point_latest(log_dir: str, run_dir: str) -> None:
     latest = os.path.join(log_dir, layout.LATEST)
+    tmp = latest + f".tmp{os.getpid()}"
     try:
-        tmp = latest + f".tmp{os.getpid()}"
         os.symlink(os.path.basename(run_dir), tmp)
         os.replace(tmp, latest)
     except OSError:
-        pass  # a filesystem without links: `perfrun report` takes the run folder
+        # A filesystem without links, or a `latest` that is a folder (a
+        # log folder copied with cp -rL or scp -r): never removed, and no
+        # link left beside it. `perfrun report` takes the newest run.
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 @dataclass
