@@ -38,8 +38,9 @@ from conftest import E2E_TIMEOUT, e2e_environment
 from perfrun.store.results import read_run
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "ext_ddp.py")
-#: The script's own count of its optimizer steps, one line a rank.
-STEPS_LINE = re.compile(r"^rank (\d+) of (\d+): (\d+) optimizer steps$", re.M)
+#: The script's own count of its optimizer steps, one line a rank; the
+#: ranks print to one output, so two lines may interleave: no anchors.
+STEPS_LINE = re.compile(r"rank (\d+) of (\d+): (\d+) optimizer steps")
 #: The report's first line: printed once for the whole job.
 REPORT_HEAD = re.compile(r"^Command: ", re.M)
 #: mpirun gives each rank a terminal for its stdout: colours and \r\n.
@@ -317,3 +318,24 @@ def test_mpirun_ranks_each_with_perfrun_make_one_job(tmp_path: Path) -> None:
     done = launch(argv, launcher_environment({}), tmp_path)
     folder = check_one_job(done, log_dir, "mpirun")
     assert re.fullmatch(r"job-ompi\d+", folder.name), folder
+
+
+@pytest.mark.slow
+def test_perfrun_in_front_of_srun_follows_its_tasks(slurm: Slurm, tmp_path: Path) -> None:
+    """`perfrun srun -n 2 python train.py`: one perfrun, srun starting the
+    ranks (launchcommand.py); each task's python is a rank by what it runs
+    and knows its place from SLURM_PROCID. One run folder, one report."""
+    argv = [*perfrun_argv(), "--log-dir", "log", "--timer-only", "srun", "-n", "2", "-W",
+            "120", sys.executable, SCRIPT, "--port", str(free_port())]
+    done = launch(argv, slurm.environment(), tmp_path)
+    assert done.returncode == 0, done.describe()
+    runs = [p for p in (tmp_path / "log").iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(runs) == 1, runs
+    run = read_run(str(runs[0]))
+    own = {int(r): int(n) for r, world, n in STEPS_LINE.findall(done.out) if world == "2"}
+    assert sorted(own) == [0, 1] and {r.rank: r.n_steps for r in run.ranks} == own, \
+        done.describe()
+    assert [r.data["world_size"] for r in run.ranks] == [2, 2]
+    assert len(REPORT_HEAD.findall(done.out)) == 1 and "Ranks: 2" in done.out, done.describe()
+    assert "perfrun: under srun: its processes that run" in done.err
+    assert json.loads((runs[0] / "run.json").read_text())["expected_ranks"] == 2
