@@ -788,14 +788,21 @@ def _invoke(args: list[str], command_line: list[str], notes: Optional[list[str]]
 
 def console_main() -> None:
     """Console entry point: exit with main()'s status; a closed stdout
-    (`perfrun ... | head`) ends quietly rather than with a traceback."""
+    (`perfrun ... | head`) ends quietly rather than with a traceback, exit
+    1. A standard stream closed from the start (`perfrun train.py >&-`)
+    is as it is for python: what perfrun would print there is dropped
+    (Python's own print writes nothing when sys.stdout is None), and the
+    script inherits the closed descriptor as it would from the shell."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the process's life
     try:
         code = main()
         sys.stdout.flush()
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        code = 1
+        code = ExitCode.CLOSED_OUTPUT
     except KeyboardInterrupt:
         code = 130
     leave(code)

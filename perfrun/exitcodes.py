@@ -18,6 +18,9 @@ class ExitCode(enum.IntEnum):
 
     #: Everything worked (or, for `perfrun run`, the script's own status 0).
     OK = 0
+    #: Standard output was closed before perfrun had written all it had
+    #: (`perfrun report ... | head -1`): the rest is dropped, quietly.
+    CLOSED_OUTPUT = 1
     #: The command line could not be parsed (click's own convention).
     USAGE = 2
     #: A configuration problem found before anything ran: bad YAML, unknown

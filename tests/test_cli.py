@@ -728,3 +728,29 @@ def test_a_home_in_a_path_option_is_expanded(monkeypatch: pytest.MonkeyPatch,
     from perfrun.config import load_config
 
     assert load_config(str(config))["log_dir"] == str(tmp_path / "logs")
+
+
+def test_a_closed_stdout_is_as_for_python(tmp_path: Path) -> None:
+    """`perfrun report RUN >&-`: nothing to print to, no error, exit 0 (as
+    python exits with its stdout closed); `perfrun report RUN | head -1`:
+    the rest dropped without a message, exit 1 (the exit code table's;
+    here the reader is gone before the first line, as a pipe buffer would
+    otherwise hold a short report whole)."""
+    import os
+    import subprocess
+    import sys
+
+    from test_stepfile import ROWS, write_v2
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_v2(run, ROWS)
+    argv = [sys.executable, "-m", "perfrun", "report", str(run)]
+    closed = subprocess.run(argv, capture_output=False, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: os.close(1), timeout=120)
+    assert closed.returncode == 0 and closed.stderr == b"", closed.stderr
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # a reader gone before the report is written: `| head -0`
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == ExitCode.CLOSED_OUTPUT == 1 and err == b"", err
