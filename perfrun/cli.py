@@ -66,6 +66,35 @@ class UsageError(Exception):
     """A one-line command-line error, exit 2."""
 
 
+class UserPath(click.ParamType):
+    """A file or folder the user names: `~` expanded where the shell left it
+    (settings.user_path), and completed by the shell as a path, which a
+    plain function type would not be (`perfrun report perfrun_l<Tab>`,
+    `--config tr<Tab>`)."""
+
+    name = "path"
+
+    def __init__(self, kind: str = "file") -> None:
+        #: "file" completes files and folders; "dir" folders only.
+        self.kind = kind
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        return user_path(value) if isinstance(value, str) else value
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(incomplete, type=self.kind)]
+
+
+#: A path that may be a file (or a folder: a report, a baseline, a trace).
+FILE = UserPath("file")
+#: A folder: a log folder, a run folder.
+DIR = UserPath("dir")
+
+
 def _click_options(command: str) -> list[Any]:
     """The click options of `command`'s settings, made from the Settings
     fields' metadata (settings.option), in field order. Every value option
@@ -78,7 +107,7 @@ def _click_options(command: str) -> list[Any]:
             takes: dict[str, Any] = {"is_flag": True}
         else:
             takes = {
-                "type": click.Choice(spec.choices) if spec.choices else spec.type,
+                "type": click.Choice(spec.choices) if spec.choices else _click_type(spec),
                 "nargs": spec.nargs,
                 "default": None,
                 "metavar": spec.metavar,
@@ -89,6 +118,14 @@ def _click_options(command: str) -> list[Any]:
     return options
 
 
+def _click_type(spec: Any) -> Any:
+    """A setting's click type: a path setting (settings.user_path) completes
+    as a path, a folder where its value is one (metavar DIR)."""
+    if spec.type is user_path:
+        return DIR if spec.metavar == "DIR" else FILE
+    return spec.type
+
+
 def _config_options() -> list[Any]:
     """Where settings come from rather than settings: not Settings fields."""
     return [
@@ -97,6 +134,7 @@ def _config_options() -> list[Any]:
             "config_file",
             metavar="FILE",
             default=None,
+            type=FILE,
             help="YAML file with a Profiler: section (the training config itself will do).",
         ),
         click.option(
@@ -220,9 +258,9 @@ def run_command(**kwargs: Any) -> int:
 
 
 @cli.command("report")
-@click.argument("log_dir", default="perfrun_log")
+@click.argument("log_dir", default="perfrun_log", type=DIR)
 @click.option("--format", "fmt", type=click.Choice(formats("report")), default="table")
-@click.option("--output", metavar="FILE", default=None, type=user_path)
+@click.option("--output", metavar="FILE", default=None, type=FILE)
 @click.option("--warmup", type=int, default=None, metavar="N")
 @lambda f: _apply(_click_options("report"), f)
 def report_command(
@@ -236,9 +274,9 @@ def report_command(
 
 
 @cli.command("analyze")
-@click.argument("traces", nargs=-1, required=True)
+@click.argument("traces", nargs=-1, required=True, type=FILE)
 @click.option("--format", "fmt", type=click.Choice(formats("analyze")), default="table")
-@click.option("--output", metavar="FILE", default=None, type=user_path)
+@click.option("--output", metavar="FILE", default=None, type=FILE)
 @lambda f: _apply(_click_options("analyze"), f)
 def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **view: Any) -> int:
     """Print the window tables (Overview, Operator, Kernel, Distributed,
@@ -250,13 +288,14 @@ def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **
 
 
 @cli.command("combine")
-@click.argument("run_dirs", nargs=-1, required=True, metavar="DIR...")
+@click.argument("run_dirs", nargs=-1, required=True, metavar="DIR...", type=DIR)
 @click.option(
     "-o",
     "--output",
     "output",
     metavar="OUT",
     default=None,
+    type=DIR,
     help="The folder to create (default ./perfrun_log/combined-JOB); never an existing one.",
 )
 def combine_command(run_dirs: tuple[str, ...], output: Optional[str]) -> int:
@@ -268,7 +307,7 @@ def combine_command(run_dirs: tuple[str, ...], output: Optional[str]) -> int:
 
 
 @cli.command("watch")
-@click.argument("log_dir", default="perfrun_log")
+@click.argument("log_dir", default="perfrun_log", type=DIR)
 @click.option(
     "--interval",
     type=float,
@@ -296,7 +335,7 @@ def watch_command(log_dir: str, interval: float, last: Optional[int]) -> int:
 
 
 @cli.command("status")
-@click.argument("log_dir", default="perfrun_log")
+@click.argument("log_dir", default="perfrun_log", type=DIR)
 def status_command(log_dir: str) -> int:
     """Say where each rank of a run is now: its step, its phase and for how
     long (a run folder, or a log folder's newest run)."""
@@ -306,8 +345,8 @@ def status_command(log_dir: str) -> int:
 
 
 @cli.command("compare")
-@click.argument("baseline")
-@click.argument("current")
+@click.argument("baseline", type=FILE)
+@click.argument("current", type=FILE)
 @lambda f: _apply(_click_options("compare"), f)
 @click.option(
     "--format",
@@ -315,7 +354,7 @@ def status_command(log_dir: str) -> int:
     type=click.Choice(formats("compare")),
     default="table",
 )
-@click.option("--output", metavar="FILE", default=None, type=user_path)
+@click.option("--output", metavar="FILE", default=None, type=FILE)
 @click.option("--warmup", type=int, default=None, metavar="N")
 def compare_command(
     baseline: str,
@@ -458,6 +497,39 @@ def did_you_mean(name: str, known: Any, bare: bool = False) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+#: python's own command-line flags, which perfrun cannot pass to the
+#: interpreter it starts the script with (the script runs as `python
+#: SCRIPT`), and what does the same from the environment, which the script's
+#: process inherits.
+INTERPRETER_FLAGS = {
+    "-W": "set PYTHONWARNINGS=ARG",
+    "-O": "set PYTHONOPTIMIZE=1",
+    "-OO": "set PYTHONOPTIMIZE=2",
+    "-X": "set the option's variable (PYTHONDEVMODE=1 for -X dev; "
+          "python --help-xoptions lists the others)",
+    "-u": "set PYTHONUNBUFFERED=1",
+    "-B": "set PYTHONDONTWRITEBYTECODE=1",
+    "-s": "set PYTHONNOUSERSITE=1",
+    "-d": "set PYTHONDEBUG=1",
+    "-v": "set PYTHONVERBOSE=1",
+    "-i": "set PYTHONINSPECT=1",
+    "-P": "set PYTHONSAFEPATH=1",
+}
+
+
+def interpreter_flag(arg: str) -> Optional[str]:
+    """The one line for python's own flag `arg` written before the script
+    (`-Werror`, `-X dev`, `-c CODE`), or None when it is none of python's."""
+    if arg.startswith("-c"):
+        return ("-c is python's, not perfrun's: perfrun runs a script file or -m MODULE; "
+                "save the code to a file and give its name")
+    flag = arg if arg in INTERPRETER_FLAGS else arg[:2]
+    if flag not in INTERPRETER_FLAGS or (flag != arg and flag not in ("-W", "-X")):
+        return None
+    return (f"{flag} is python's, not perfrun's: perfrun starts the script as "
+            f"`python SCRIPT`; {INTERPRETER_FLAGS[flag]} in its environment instead")
+
+
 class RunArgv(NamedTuple):
     """`perfrun run`'s arguments sorted out (split_run_argv)."""
 
@@ -495,8 +567,12 @@ def _before_script(argv: list[str], table: dict[str, int]) -> tuple[list[str], i
             before.extend([arg, *argv[i + 1 : i + 1 + takes]])
             i += 1 + takes
             continue
-        if arg.startswith("-") and arg != "-":
-            raise UsageError(f"no such option: {arg}{did_you_mean(name, table)}")
+        if arg == "-":
+            raise UsageError("perfrun cannot run a script from standard input: "
+                             "save it to a file and give its name")
+        if arg.startswith("-"):
+            said = None if arg.startswith("--") else interpreter_flag(arg)
+            raise UsageError(said or f"no such option: {arg}{did_you_mean(name, table)}")
         break
     return before, i, False
 

@@ -147,8 +147,8 @@ def split(argv: list[str], defines: ScriptOptions = NOTHING) -> tuple:
             LR,
             (["--module=pkg.train"], [], ["--scheduler", "step"]),
         ),
-        # A script whose name looks like a value is still the script.
-        (["-"], NOTHING, ([], [], ["-"])),
+        # A script whose name looks like a value is still the script (`-`
+        # is standard input to python, and refused: test_split_run_argv_errors).
         (["100", "110"], NOTHING, ([], [], ["100", "110"])),
     ],
 )
@@ -163,6 +163,19 @@ def test_split_run_argv(argv: list[str], defines: ScriptOptions, expected: tuple
         (["--timer-onyl", "x.py"], r"no such option: --timer-onyl \(did you mean --timer-only\?\)"),
         (["--nproc-per-nod", "2", "t.py"], r"did you mean --nproc-per-node\?"),
         (["-x", "train.py"], "no such option: -x"),
+        # python's own flags are named as python's, with what does the same
+        # from the environment; -c and a script on stdin cannot run.
+        (["-Werror", "train.py"], r"^-W is python's, not perfrun's: .* set PYTHONWARNINGS=ARG"),
+        (["-W", "error", "train.py"], r"^-W is python's, not perfrun's"),
+        (["-X", "dev", "train.py"], r"^-X is python's, .*PYTHONDEVMODE=1 for -X dev"),
+        (["-Xdev", "train.py"], r"^-X is python's"),
+        (["-O", "train.py"], r"set PYTHONOPTIMIZE=1 in its environment instead$"),
+        (["-OO", "train.py"], r"set PYTHONOPTIMIZE=2 in its environment instead$"),
+        (["-u", "train.py"], r"set PYTHONUNBUFFERED=1"),
+        (["--timer-only", "-B", "train.py"], r"set PYTHONDONTWRITEBYTECODE=1"),
+        (["-c", "print(1)"], r"^-c is python's, not perfrun's: .*save the code to a file"),
+        (["-"], r"^perfrun cannot run a script from standard input"),
+        (["-Ox", "train.py"], r"^no such option: -Ox$"),
         (["-m"], "-m needs a module name"),
         (["--timer-only", "--module"], "-m needs a module name"),
         # An option perfrun takes after the script needs its values there:
@@ -319,6 +332,8 @@ def test_main_hint_keeps_the_script_arguments(
         (["--nproc-per-node", "0", "train.py"], ExitCode.CONFIG, "at least 1"),
         (["-o", "Profiler.nope=1", "train.py"], ExitCode.CONFIG, "unknown Profiler key"),
         (["--no-such-option", "train.py"], ExitCode.USAGE, "no such option"),
+        (["-W", "error", "train.py"], ExitCode.USAGE, "PYTHONWARNINGS"),
+        (["-"], ExitCode.USAGE, "standard input"),
         (["--timer-only"], ExitCode.USAGE, "no script given"),
         (["--step-on", "epoch", "train.py"], ExitCode.USAGE, "--step-on"),
     ],

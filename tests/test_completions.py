@@ -191,6 +191,21 @@ def completions(words: str) -> list[str]:
         # The commands still complete.
         ("perfrun rep", ["plain,report", "file,rep"]),
         ("perfrun report --format j", ["plain,json"]),
+        # Every file or folder the user names completes as a path: a folder
+        # where only a folder will do, a file (or a folder) elsewhere.
+        ("perfrun report repl", ["dir,repl"]),
+        ("perfrun status perfrun_l", ["dir,perfrun_l"]),
+        ("perfrun watch ", ["dir,"]),
+        ("perfrun combine node0/job-1 n", ["dir,n"]),
+        ("perfrun combine node0/job-1 -o o", ["dir,o"]),
+        ("perfrun analyze rank0.pt", ["file,rank0.pt"]),
+        ("perfrun compare base.json perfrun_l", ["file,perfrun_l"]),
+        ("perfrun report perfrun_log --output r", ["file,r"]),
+        ("perfrun --config tr", ["file,tr"]),
+        ("perfrun --log-dir ru", ["dir,ru"]),
+        ("perfrun --save-baseline b", ["file,b"]),
+        ("perfrun --baseline b", ["file,b"]),
+        (f"perfrun {EXAMPLE} --log-dir ru", ["dir,ru"]),
     ],
 )
 def test_both_forms_complete(words: str, expected: list[str]) -> None:

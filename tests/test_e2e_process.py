@@ -450,6 +450,32 @@ def test_user_sitecustomize_still_runs(tmp_path: Path) -> None:
     assert len(rows(run_dir)) == 5
 
 
+def test_pythons_flags_reach_the_script_from_the_environment(tmp_path: Path) -> None:
+    """`perfrun -W error train.py` is refused in one line naming the
+    variable; set it, and the script sees what `python -W error` gives."""
+    script = tmp_path / "flags.py"
+    script.write_text(
+        "import sys, warnings\n"
+        "print('optimize', sys.flags.optimize, 'debug', __debug__, 'dev', sys.flags.dev_mode)\n"
+        "try:\n"
+        "    warnings.warn('deprecated', DeprecationWarning)\n"
+        "except DeprecationWarning:\n"
+        "    print('warning raised')\n"
+    )
+    refused = perfrun("-W", "error", str(script), cwd=tmp_path)
+    assert refused.returncode == ExitCode.USAGE
+    assert refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "PYTHONWARNINGS" in refused.stderr
+    assert not (tmp_path / "perfrun_log").exists()
+
+    env = base_env(PYTHONWARNINGS="error", PYTHONOPTIMIZE="1", PYTHONDEVMODE="1")
+    plain = python("-W", "error", "-O", "-X", "dev", str(script), cwd=tmp_path)
+    profiled = perfrun("--log-dir", str(tmp_path / "log"), str(script), cwd=tmp_path, env=env)
+    assert profiled.returncode == plain.returncode == 0, profiled.stderr
+    assert plain.stdout == "optimize 1 debug False dev True\nwarning raised\n"
+    assert profiled.stdout.startswith(plain.stdout)
+
+
 def test_failing_user_sitecustomize_is_reported_like_python(tmp_path: Path) -> None:
     site, pids = user_site(tmp_path, 'raise RuntimeError("user site is broken")\n')
     env = base_env(str(site))
