@@ -36,6 +36,7 @@ from .settings import (
     SettingsError,
     command_line_options,
     formats,
+    help_section,
     parse_threshold,
     user_path,
 )
@@ -118,6 +119,10 @@ def _click_options(command: str) -> list[Any]:
     return options
 
 
+#: The `perfrun run --help` sections of its options that are not settings.
+_OTHER_SECTIONS = {"config_file": "Settings from a file", "overrides": "Settings from a file"}
+
+
 def _click_type(spec: Any) -> Any:
     """A setting's click type: a path setting (settings.user_path) completes
     as a path, a folder where its value is one (metavar DIR)."""
@@ -192,8 +197,24 @@ class _Perfrun(click.Group):
 
 
 class _Run(click.Command):
-    """`perfrun run`: after the script, completion offers the script's own
-    options too, read from its source (scriptoptions.py)."""
+    """`perfrun run`: its `--help` in the settings' sections
+    (settings.HELP_SECTIONS), and after the script, completion offers the
+    script's own options too, read from its source (scriptoptions.py)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        field_of = {spec.dest: name for name, spec in command_line_options("run")}
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None or isinstance(param, click.Argument):
+                continue
+            name = param.name or ""
+            title = (help_section(field_of.get(name, name))
+                     or _OTHER_SECTIONS.get(name, "Other"))
+            sections.setdefault(title, []).append(record)
+        for title, records in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(records)
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
         from click.shell_completion import CompletionItem

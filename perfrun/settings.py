@@ -779,6 +779,32 @@ def option_of(f: dataclasses.Field) -> Option | None:
     return f.metadata.get(OPTION)
 
 
+#: `perfrun run --help` in sections, as the fields are grouped above: each
+#: title with the first field of its section; a field is in the section of
+#: the last first field before it (help_section). Paddle's keys and
+#: perfrun's own share the first, since only their most used have options.
+HELP_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("Run", "module"),
+    ("Launch", "nproc_per_node"),
+    ("Measurement", "module_depth"),
+    ("The script's experiment tracker", "tracker"),
+    ("Output", "quiet"),
+    ("The detailed window (--scheduler)", "with_stack"),
+    ("CI gate", "save_baseline"),
+)
+
+
+def help_section(name: str) -> str | None:
+    """The `--help` section of Settings field `name` (HELP_SECTIONS), or
+    None for a name that is no field, or one before the first section."""
+    names = [f.name for f in dataclasses.fields(Settings)]
+    if name not in names:
+        return None
+    at = names.index(name)
+    starts = [(names.index(first), title) for title, first in HELP_SECTIONS]
+    return max(((i, title) for i, title in starts if i <= at), default=(0, None))[1]
+
+
 def command_line_options(command: str = "run") -> list[tuple[str, Option]]:
     """(field name, Option) of each setting `command` takes on its command
     line, in field order."""

@@ -5,6 +5,7 @@ called for errors that are found before a script would start."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -769,3 +770,31 @@ def test_a_closed_stdout_is_as_for_python(tmp_path: Path) -> None:
     proc.stdout.close()  # a reader gone before the report is written: `| head -0`
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == ExitCode.CLOSED_OUTPUT == 1 and err == b"", err
+
+
+def test_run_help_is_grouped_by_the_settings_sections(capsys, monkeypatch) -> None:
+    """`perfrun run --help` shows its options in the settings' sections, in
+    their order, each option once, none left in "Other" but --help."""
+    from perfrun.settings import HELP_SECTIONS, command_line_options, help_section
+
+    for name, _spec in command_line_options("run"):
+        assert help_section(name) is not None, name
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    titles = [line[:-1] for line in out.splitlines() if line.endswith(":")
+              and not line.startswith(" ")]
+    settings_titles = [title for title, _first in HELP_SECTIONS]
+    assert [t for t in titles if t in settings_titles] == settings_titles
+    assert titles[-1] == "Other" and "Settings from a file" in titles
+    other = out.split("\nOther:\n", 1)[1]
+    assert other.split() == ["-h,", "--help", "Show", "this", "message", "and", "exit."]
+    options = out.split("\nRun:\n", 1)[1]
+    for _name, spec in command_line_options("run"):
+        if not spec.hidden:
+            flag = spec.flags[-1]
+            assert len(re.findall(rf"^  (?:-\w, )?{flag}(?= )", options, re.M)) == 1, flag
+    measurement = out.split("\nMeasurement:\n", 1)[1].split("\n\n", 1)[0]
+    assert "--no-flops" in measurement and "--stop-after" in measurement
+    gate = out.split("\nCI gate:\n", 1)[1].split("\n\n", 1)[0]
+    assert "--max-regression" in gate and "--baseline" in gate
