@@ -280,9 +280,12 @@ def run_command(**kwargs: Any) -> int:
 
 @cli.command("report")
 @click.argument("log_dir", default="perfrun_log", type=DIR)
-@click.option("--format", "fmt", type=click.Choice(formats("report")), default="table")
-@click.option("--output", metavar="FILE", default=None, type=FILE)
-@click.option("--warmup", type=int, default=None, metavar="N")
+@click.option("--format", "fmt", type=click.Choice(formats("report")), default="table",
+              help="What is printed: table (default), json, markdown or html.")
+@click.option("--output", metavar="FILE", default=None, type=FILE,
+              help="Write the report to FILE instead of standard output.")
+@click.option("--warmup", type=int, default=None, metavar="N",
+              help="Steps left out of the statistics (default: as the run had it).")
 @lambda f: _apply(_click_options("report"), f)
 def report_command(
     log_dir: str, fmt: str, output: Optional[str], warmup: Optional[int], **view: Any
@@ -296,8 +299,10 @@ def report_command(
 
 @cli.command("analyze")
 @click.argument("traces", nargs=-1, required=True, type=FILE)
-@click.option("--format", "fmt", type=click.Choice(formats("analyze")), default="table")
-@click.option("--output", metavar="FILE", default=None, type=FILE)
+@click.option("--format", "fmt", type=click.Choice(formats("analyze")), default="table",
+              help="What is printed: table (default), json or markdown.")
+@click.option("--output", metavar="FILE", default=None, type=FILE,
+              help="Write the tables to FILE instead of standard output.")
 @lambda f: _apply(_click_options("analyze"), f)
 def analyze_command(traces: tuple[str, ...], fmt: str, output: Optional[str], **view: Any) -> int:
     """Print the window tables (Overview, Operator, Kernel, Distributed,
@@ -374,9 +379,12 @@ def status_command(log_dir: str) -> int:
     "fmt",
     type=click.Choice(formats("compare")),
     default="table",
+    help="What is printed: table (default), json, markdown, junit or html.",
 )
-@click.option("--output", metavar="FILE", default=None, type=FILE)
-@click.option("--warmup", type=int, default=None, metavar="N")
+@click.option("--output", metavar="FILE", default=None, type=FILE,
+              help="Write the comparison to FILE instead of standard output.")
+@click.option("--warmup", type=int, default=None, metavar="N",
+              help="Steps left out of both runs' statistics (default: as each run had it).")
 def compare_command(
     baseline: str,
     current: str,

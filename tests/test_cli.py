@@ -798,3 +798,13 @@ def test_run_help_is_grouped_by_the_settings_sections(capsys, monkeypatch) -> No
     assert "--no-flops" in measurement and "--stop-after" in measurement
     gate = out.split("\nCI gate:\n", 1)[1].split("\n\n", 1)[0]
     assert "--max-regression" in gate and "--baseline" in gate
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """No option in any command's --help without its line of help."""
+    import click
+
+    for name, command in cli.cli.commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, (name, param.opts)
