@@ -11,8 +11,12 @@ return values and raise typed errors.
 Errors are exceptions, never exit codes or messages on stderr: a run or a
 baseline that cannot be read raises `ResultsError` (its `kind` says whether
 it is MISSING or DAMAGED), a trace `TraceError`, a refused comparison
-`EnvironmentMismatch`, a run that cannot start `LaunchError`. The command
-line (commands.py) turns them into one line and an exit code.
+`EnvironmentMismatch`, a run that cannot start `LaunchError`, a bad
+setting `SettingsError`: each a `PerfrunError` (perfrun/errors.py), so one
+`except PerfrunError` catches what perfrun raises on purpose. The command
+line (commands.py) turns them into one line and an exit code. The result
+types (`Report`, `Comparison`, `TraceAnalysis`, `RunResults`, `Outcome`)
+and `Settings` are importable from here.
 
 `perfrun train.py` starts the script before anything here but the launcher
 is needed, and a script that never imports torch is reported without the
@@ -26,9 +30,10 @@ from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional
 
 from .analysis.tracefile import TraceError
+from .errors import PerfrunError
 from .launcher.launch import LaunchError, Outcome
 from .launcher.launch import run as launch_run
-from .settings import Settings
+from .settings import Settings, SettingsError
 from .store.files import DAMAGED, MISSING, ResultsError
 from .store.results import RunResults, live_ranks, read_run, resolve_run_dir
 
@@ -38,10 +43,28 @@ if TYPE_CHECKING:
     from .analysis.window import TraceAnalysis
 
 __all__ = [
-    "DAMAGED", "MISSING", "EnvironmentMismatch", "LaunchError", "Outcome", "ResultsError",
-    "RunInputError", "RunResults", "TraceError", "analyze", "build_report", "compare",
+    "DAMAGED", "MISSING", "Comparison", "EnvironmentMismatch", "LaunchError", "Outcome",
+    "PerfrunError", "Report", "ResultsError", "RunInputError", "RunResults", "Settings",
+    "SettingsError", "TraceAnalysis", "TraceError", "analyze", "build_report", "compare",
     "load_baseline", "load_run", "render", "run", "save_baseline",
 ]
+
+#: The result types the functions below return, importable from here
+#: (`from perfrun.api import Report`) but imported only when asked for, as
+#: the analysis is: where each lives.
+_LAZY = {
+    "Report": "perfrun.analysis.report",
+    "Comparison": "perfrun.analysis.compare",
+    "TraceAnalysis": "perfrun.analysis.window",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: Told one line when a log folder's `latest` link does not name its newest
 #: run (the newest is read): the command line prints it, the API is silent.
@@ -52,14 +75,18 @@ class RunInputError(ResultsError):
     """One of a comparison's two runs cannot be read: `which` is
     "baseline" or "current run", `kind` as for ResultsError."""
 
+    slug = "run-input"
+
     def __init__(self, which: str, error: ResultsError) -> None:
         super().__init__(f"{which}: {error}", error.kind)
         self.which = which
 
 
-class EnvironmentMismatch(Exception):
+class EnvironmentMismatch(PerfrunError):
     """A gate refused to compare runs of different environments (hardware,
     software, world size, script): `differences` says which, one each."""
+
+    slug = "environment-mismatch"
 
     def __init__(self, differences: list[str]) -> None:
         super().__init__("; ".join(differences))

@@ -29,6 +29,7 @@ import click
 
 from . import __version__, launchcommand, scriptoptions
 from .config import load_config, parse_override
+from .errors import PerfrunError
 from .exitcodes import ExitCode
 from .scriptoptions import ScriptOptions
 from .settings import (
@@ -63,8 +64,10 @@ TORCHRUN_SPELLINGS = {
 }
 
 
-class UsageError(Exception):
+class UsageError(PerfrunError):
     """A one-line command-line error, exit 2."""
+
+    slug = "usage"
 
 
 class UserPath(click.ParamType):

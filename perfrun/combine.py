@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .errors import PerfrunError
 from .exitcodes import ExitCode
 from .store import layout
 from .store.files import ResultsError
@@ -48,9 +49,11 @@ from .store.runmeta import (
 )
 
 
-class CombineError(Exception):
+class CombineError(PerfrunError):
     """A one-line reason the folders cannot be combined; `code` is the
     ExitCode to return."""
+
+    slug = "combine"
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)

@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from .errors import PerfrunError
+
 #: torchrun's options that take no value (torch 2.x `torch.distributed.run`);
 #: every other option takes one.
 TORCHRUN_FLAGS = frozenset({
@@ -63,8 +65,10 @@ KNOWN = {
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
 
 
-class LaunchCommandError(Exception):
+class LaunchCommandError(PerfrunError):
     """A launch command perfrun cannot run: one line."""
+
+    slug = "launch-command"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .errors import PerfrunError
 from .store.schema import shown
 
 ENV_VAR = "PERFRUN_SETTINGS"
@@ -82,8 +83,10 @@ def port_span(ports: tuple[int, ...]) -> str:
     return str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
 
 
-class SettingsError(ValueError):
+class SettingsError(PerfrunError, ValueError):
     """A setting is invalid; the message is one line meant for the user."""
+
+    slug = "settings"
 
 
 # -- config values --------------------------------------------------------------

@@ -101,6 +101,59 @@ def test_errors_are_typed_and_nothing_is_printed(tmp_path: Path,
     assert capsys.readouterr() == ("", "")
 
 
+def test_every_error_perfrun_raises_has_one_root_and_a_slug(tmp_path: Path) -> None:
+    """One `except api.PerfrunError` catches each kind the API raises; each
+    public kind has its own slug, and the root is in every error class
+    the package defines (read from its source, so a new one cannot miss
+    it)."""
+    import ast
+    import importlib
+
+    with pytest.raises(api.PerfrunError) as caught:
+        api.load_run(str(tmp_path / "nowhere"))
+    assert caught.value.slug == "results"
+    with pytest.raises(api.PerfrunError) as caught:
+        api.analyze([str(tmp_path / "no-trace.json")])
+    assert caught.value.slug == "trace"
+    kinds = [api.ResultsError, api.RunInputError, api.TraceError, api.EnvironmentMismatch,
+             api.LaunchError, api.SettingsError]
+    assert all(issubclass(kind, api.PerfrunError) for kind in kinds)
+    assert len({kind.slug for kind in kinds}) == len(kinds)
+
+    package = Path(api.__file__).parent
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error") \
+                    and not node.name.startswith("_"):
+                name = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+                cls = getattr(importlib.import_module(name), node.name)
+                assert issubclass(cls, api.PerfrunError), f"{name}.{node.name}"
+                assert cls is api.PerfrunError or cls.slug != "error", f"{name}.{node.name}"
+
+
+def test_the_result_types_are_importable_from_the_api_and_cost_nothing_until_asked() -> None:
+    """`from perfrun.api import Report` works at run time; importing the
+    api alone does not import the analysis (a script that never imports
+    torch is reported without it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, perfrun.api as api\n"
+            "print('perfrun.analysis.report' in sys.modules)\n"
+            "from perfrun.api import Report, Comparison, TraceAnalysis, Settings\n"
+            "print(Report.__module__, Comparison.__module__, TraceAnalysis.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["False", "perfrun.analysis.report", "perfrun.analysis.compare",
+                   "perfrun.analysis.window"]
+    assert api.Report is Report and api.Comparison is Comparison
+    assert set(api.__all__) >= {"Report", "Comparison", "TraceAnalysis", "Settings",
+                                "PerfrunError", "SettingsError"}
+    with pytest.raises(AttributeError):
+        api.NoSuchThing  # noqa: B018
+
+
 def test_compare_returns_the_comparison_and_refuses_other_environments(tmp_path: Path) -> None:
     long = ROWS * 10  # enough steady steps for the gate to decide
     base = write_run(tmp_path / "base", long)

@@ -24,6 +24,8 @@ import os
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from ..errors import PerfrunError
+
 # Arguments kept beyond the ids and device: an op's flops, a memory event's
 # sizes and device. Everything else (shapes, grid, occupancy, call stacks)
 # is dropped at parse time.
@@ -34,8 +36,10 @@ EXTRA_ARGS = ("flops", "Bytes", "Total Allocated", "Total Reserved", "Device Typ
 _UNUSED_PHASES = frozenset(("s", "f", "t"))
 
 
-class TraceError(Exception):
+class TraceError(PerfrunError):
     """A trace file that cannot be read (missing, not JSON, not a trace)."""
+
+    slug = "trace"
 
 
 class Event:

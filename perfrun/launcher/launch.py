@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..errors import PerfrunError
 from ..exitcodes import ExitCode
 from ..prose import terminal_width, wrap
 from ..runtime.lifeline import parent_death_signal
@@ -72,8 +73,10 @@ RESERVE = 64 * 1024
 TERMINAL_SIGNALS = (signal.SIGINT, getattr(signal, "SIGQUIT", signal.SIGINT))
 
 
-class LaunchError(Exception):
+class LaunchError(PerfrunError):
     """A problem found before the script starts. `code` is an ExitCode."""
+
+    slug = "launch"
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)

@@ -17,6 +17,7 @@ import os
 import stat
 from typing import Any, Optional
 
+from ..errors import PerfrunError
 from .schema import shown
 
 #: ResultsError kinds: what the command line turns into an exit code.
@@ -24,12 +25,14 @@ MISSING = "missing"
 DAMAGED = "damaged"
 
 
-class ResultsError(Exception):
+class ResultsError(PerfrunError):
     """Results cannot be read; the message is one line for the user.
 
     `kind` says why, for callers that act on it: MISSING (no such file or
     folder: for a CI gate, no measurement was ever made) or DAMAGED (it
     exists but is not perfrun's, is of an unknown version, or is broken)."""
+
+    slug = "results"
 
     def __init__(self, message: str, kind: str = DAMAGED) -> None:
         super().__init__(message)

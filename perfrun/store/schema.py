@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from ..errors import PerfrunError
+
 #: The most characters of a user's value an error message shows: a value can
 #: be arbitrarily large (a YAML alias bomb expands to millions of nodes), and
 #: a one-line message must stay one short line.
@@ -67,9 +69,11 @@ def type_name(value: object) -> str:
     return type(value).__name__
 
 
-class SchemaError(ValueError):
+class SchemaError(PerfrunError, ValueError):
     """A value does not have its declared type; `where` is the field path
     (`steps.rows`, `ranks[0].env`) and the message is one line."""
+
+    slug = "schema"
 
     def __init__(self, where: str, expected: str, got: str) -> None:
         self.where = where

@@ -45,6 +45,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from ..errors import PerfrunError
 from .files import DAMAGED, MISSING
 
 # Step columns, in row order. Phase times are exclusive (a phase nested in
@@ -90,9 +91,11 @@ MAX_HEADER = 65536
 _NAN = math.nan
 
 
-class StepFileError(Exception):
+class StepFileError(PerfrunError):
     """A step file cannot be read; the message is one line for the user,
     `kind` why (files.MISSING or files.DAMAGED)."""
+
+    slug = "step-file"
 
     def __init__(self, message: str, kind: str = DAMAGED) -> None:
         super().__init__(message)
