@@ -143,7 +143,10 @@ def render(report: Report, fmt: str = "table", stream: Optional[IO[str]] = None,
 
     out = io.StringIO() if stream is None else stream
     render_to(report, fmt, out, base_dir=base_dir)
-    return out.getvalue() if stream is None else None  # type: ignore[union-attr]
+    if stream is None:
+        assert isinstance(out, io.StringIO)
+        return out.getvalue()
+    return None
 
 
 def compare(

@@ -297,5 +297,6 @@ def stored_fingerprint(path: str, run: RunResults,
     one the caller took already)."""
     doc = None if os.path.isdir(path) else _read_doc(path)
     if doc is not None and isinstance(doc.get("fingerprint"), dict):
-        return doc["fingerprint"]
+        stored: dict[str, Any] = doc["fingerprint"]
+        return stored
     return found if found is not None else fingerprint(run)

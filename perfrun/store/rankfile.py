@@ -707,7 +707,7 @@ class RankResult:
 def table_rows(table: Any) -> list[list[Any]]:
     import numpy as np
 
-    values = table.tolist()
+    values: list[list[Any]] = table.tolist()
     missing = np.isnan(table)
     if missing.any():
         for i, j in zip(*np.nonzero(missing)):
@@ -853,7 +853,7 @@ def _checked_rows(steps: dict[str, Any], where: str) -> list[list[Any]]:
     100,000s of rows, so the common case costs a few passes at C speed and
     only a damaged file pays for finding the exact field."""
     columns = steps.get("columns", list(STEP_COLUMNS))
-    rows = steps.get("rows", [])
+    rows: list[list[Any]] = steps.get("rows", [])
     width = len(columns)
     if not all(type(row) is list and len(row) == width for row in rows):
         i, row = next(

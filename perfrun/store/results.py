@@ -98,7 +98,7 @@ def read_run(run_dir: str, check_steps: bool = True) -> RunResults:
     expected = int(meta.get("expected_ranks") or 0)
     world = max([int(r.data.get("world_size", 1)) for r in ranks] + [expected, 0])
     missing = [r for r in range(world) if r not in by_rank]
-    job = meta.get("job") if isinstance(meta.get("job"), dict) else {}
+    job: dict[str, Any] = meta["job"] if isinstance(meta.get("job"), dict) else {}
     if str(meta.get("nnodes") or "1") != "1" and not isinstance(job.get("world_size"), int):
         # Several nodes with no job-wide record (a folder from before job
         # folders, or an elastic MIN:MAX job): this folder may hold one

@@ -260,7 +260,8 @@ def write_job_meta(run_dir: str, key: str, meta: Mapping[str, Any],
         seen = again
 
 
-def merge_node_metas(nodes: Mapping[str, Mapping[str, Any]], job: Mapping[str, Any]) -> dict:
+def merge_node_metas(nodes: Mapping[str, Mapping[str, Any]],
+                     job: Mapping[str, Any]) -> dict[str, Any]:
     """run.json of a job folder: one launcher's view for the readers that
     know one (command, start, end), the job-wide facts (`job`), and every
     node's own record (`nodes`), so nothing a node said is lost.

@@ -226,6 +226,6 @@ def as_int(value: object) -> int | None:
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)  # type: ignore[call-overload]
+        return int(value)  # type: ignore[call-overload,no-any-return]
     except (TypeError, ValueError, OverflowError):
         return None

@@ -279,6 +279,7 @@ def read(path: str, mapped: bool = False) -> tuple[list[str], Any]:
     if n == 0:
         return columns, np.empty((0, width), dtype=np.float64)
     try:
+        data: np.ndarray[Any, Any]
         if mapped:
             data = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n, width))
         else:
@@ -334,7 +335,7 @@ def blocks(path: str, stop: Optional[int] = None, rows: int = READ_ROWS) -> Any:
             lo = 0
             while lo < stop:
                 k = min(rows, stop - lo)
-                view = memoryview(raw[:k]).cast("B")
+                view = memoryview(raw[:k]).cast("B")  # type: ignore[arg-type]
                 got = 0
                 while got < len(view):
                     part = f.readinto(view[got:])

@@ -102,5 +102,11 @@ def read_trackers(run_dir: str) -> list[dict[str, Any]]:
             continue
         if doc is not None:
             out.append(doc)
-    out.sort(key=lambda d: (d.get("rank") if isinstance(d.get("rank"), int) else 1 << 30))
+    out.sort(key=_rank_order)
     return out
+
+
+def _rank_order(doc: dict[str, Any]) -> int:
+    """A record's rank, for sorting; one without a rank last."""
+    rank = doc.get("rank")
+    return rank if isinstance(rank, int) else 1 << 30
