@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, Optional
 from . import api
 from .exitcodes import ExitCode
 from .launcher.launch import LaunchError, Outcome, exit_like
-from .prose import for_stream
+from .prose import for_stream, note_for_stream, stream_width, terminal_width, wrap
 from .settings import Settings
 from .store import layout
 from .store.files import MISSING, ResultsError, write_named_file
@@ -46,15 +46,17 @@ if TYPE_CHECKING:
 
 def say(message: str) -> None:
     """One message on stderr: one line in a pipe or a log; on a terminal,
-    laid out in its width (prose.py), a path or command never broken."""
-    sys.stderr.write(for_stream(f"perfrun: {message}", sys.stderr) + "\n")
+    laid out in its width (prose.py), a path or command never broken. A
+    note (`note: ...`) is laid out in a pipe too (prose.note_for_stream)."""
+    layout = note_for_stream if message.startswith("note: ") else for_stream
+    sys.stderr.write(layout(f"perfrun: {message}", sys.stderr) + "\n")
     sys.stderr.flush()
 
 
 def note(message: str) -> None:
     """A note on stderr: told by readers when the run they read is not the
     one `latest` names."""
-    sys.stderr.write(for_stream(f"perfrun: note: {message}", sys.stderr) + "\n")
+    sys.stderr.write(note_for_stream(f"perfrun: note: {message}", sys.stderr) + "\n")
 
 
 @contextlib.contextmanager
@@ -114,13 +116,18 @@ def _output_problem(output: Optional[str]) -> Optional[int]:
 
 
 def _print_no_torch(run: RunResults) -> None:
-    """The short report of a run that never imported torch."""
+    """The short report of a run that never imported torch, laid out as the
+    report's title and notes are (report/table.py), without loading it: the
+    Command and Results lines whole in a pipe, the sentences in the
+    stream's width with hanging indents."""
     command = run.meta.get("command")
+    width, title = stream_width(sys.stdout), terminal_width(sys.stdout)
     lines = []
     if command:
-        lines.append("Command: " + " ".join(command))
-    lines += [f"Results: {run.run_dir}", "", f"perfrun: {NO_TORCH}", "", "Notes",
-              f"  - {BOOTSTRAP_HINT}", ""]
+        lines += wrap("Command: " + " ".join(command), title, "", "  ")
+    lines += wrap(f"Results: {run.run_dir}", title, "", "  ")
+    lines += ["", *wrap(f"perfrun: {NO_TORCH}", width, "", "  "), "", "Notes",
+              *wrap(BOOTSTRAP_HINT, width, "  - ", "    "), ""]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
 
@@ -325,6 +332,7 @@ def _run_and_report(settings: Settings, command_line: Optional[list[str]]) -> in
     if settings.gated:
         gate_code = _gated(settings, outcome)
         return gate_code if gate_code != ExitCode.OK or failed is None else failed
+    shown: Optional[Report] = None
     try:
         shown = show_report(outcome.run_dir, settings.format, settings.output, settings.warmup,
                             view_of(settings), page=True, meta=_unsaved_meta(outcome))
@@ -341,7 +349,9 @@ def _run_and_report(settings: Settings, command_line: Optional[list[str]]) -> in
             f"results are kept in {outcome.run_dir}"
         )
         failed = failed or ExitCode.INTERNAL
-    say(f"results saved in {outcome.run_dir}")
+    say(saved_line(outcome.run_dir, shown))
+    if shown is not None and shown.unsaved is not None:
+        failed = failed or ExitCode.INCOMPLETE
     if outcome.hung and settings.hang_action == "terminate":
         say("the run hung and was ended (--hang-action terminate): see hang.txt in the "
             "results folder")
@@ -353,6 +363,16 @@ def _run_and_report(settings: Settings, command_line: Optional[list[str]]) -> in
     if returncode == 0 and failed is not None:
         return int(failed)
     return exit_like(returncode)
+
+
+def saved_line(run_dir: str, report: Optional[Report]) -> str:
+    """The run's closing line: where its results are, and, when saves failed
+    (a full disk), that they are incomplete and by how much, rather than
+    "saved" as if whole."""
+    unsaved = report.unsaved if report is not None else None
+    if unsaved is None:
+        return f"results saved in {run_dir}"
+    return f"results saved in {run_dir} are incomplete: {unsaved.sentence()}"
 
 
 def _unsaved_meta(outcome: Outcome) -> Optional[dict[str, Any]]:
@@ -491,7 +511,7 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
         except OSError as exc:
             say(f"error: could not write the report: {_os_reason(report_out, exc)}")
             failed = ExitCode.CONFIG
-    say(f"results saved in {outcome.run_dir}")
+    say(saved_line(outcome.run_dir, shown))
     if outcome.returncode != 0:
         say(f"gate: the script exited with status {outcome.returncode}: no measurement to compare")
         return ExitCode.NO_MEASUREMENT
@@ -514,11 +534,16 @@ def _gated(settings: Settings, outcome: Outcome) -> int:
     )
     # The page of a gated run holds the comparison too, when there was one.
     if comparison is not None:
-        shown = comparison.current_report
+        current = comparison.current_report
+        if shown is None and current is not None and current.unsaved is not None:
+            say(f"the results are incomplete: {current.unsaved.sentence()}")
+        shown = current
         page = write_report_html(shown, comparison)
     else:
         page = write_report_html(shown)
     send_to_trackers(settings, shown, page)
+    if shown is not None and shown.unsaved is not None:
+        failed = failed or ExitCode.INCOMPLETE
     return code if code != ExitCode.OK or failed is None else failed
 
 
@@ -743,18 +768,24 @@ def status(path: str) -> int:
     if not is_run_dir(run_dir):
         sys.stderr.write(f"perfrun: error: no run in {path}\n")
         return ExitCode.BAD_RESULTS
-    positions = read_positions(run_dir)
+    positions = read_positions(run_dir, pace=True)
     now = time.time()
     print(f"Run: {run_dir}")
     if not positions:
         print("no rank has written results yet")
         return ExitCode.OK
+    # In the stream's width, a pipe's too (80): a status is read, not grepped.
+    width = stream_width(sys.stdout)
     for line in status_lines(positions, now):
-        print(for_stream(line, sys.stdout, "      "))
-    odd = odd_one_out([p for p in positions if p.status == "running"], now)
+        print("\n".join(wrap(line, width, "", "      ")))
+    # A moving rank's phase is one instant of thousands (Position.moving):
+    # where the ranks are held, and how late that may be seen, is said of
+    # the others.
+    held = [p for p in positions if p.status == "running" and not p.moving()]
+    odd = odd_one_out(held, now)
     if odd:
-        print(for_stream(odd, sys.stdout))
-    lag = lag_note(positions, status=True)
+        print("\n".join(wrap(odd, width, "", "  ")))
+    lag = lag_note([p for p in positions if not p.moving()], status=True)
     if lag is not None:
-        print(for_stream(lag, sys.stdout, " "))
+        print("\n".join(wrap(lag, width, "", " ")))
     return ExitCode.OK

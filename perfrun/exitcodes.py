@@ -59,3 +59,9 @@ class ExitCode(enum.IntEnum):
     #: with a warning, as an inconclusive one does: a disturbed run is never
     #: reported as a regression (68), whatever its step times say.
     DISTURBED = 73
+    #: `perfrun run`: the script succeeded, but its results are incomplete:
+    #: steps that ran were not saved (a full disk), or a rank ended without
+    #: its final save. The report is of the steps that were saved, and the
+    #: closing line says how many were not. A script that failed keeps its
+    #: own status.
+    INCOMPLETE = 74

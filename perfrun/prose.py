@@ -29,6 +29,12 @@ from typing import IO, Optional
 #: log viewer shows about this much. Tables may be wider (report/table.py).
 PROSE_WIDTH = 100
 
+#: The width of what goes to no terminal (a pipe, a file, a CI log): an
+#: 80-column terminal's, where such a log is read again (`less`, `cat`, a
+#: CI page over ssh), and the same on every machine. `COLUMNS`, where set,
+#: wins, as it does on a terminal.
+PIPE_WIDTH = 80
+
 #: Words that start a command line when an argument follows them.
 _COMMANDS = {"perfrun", "python", "python3", "torchrun", "pip", "nsys"}
 #: perfrun's subcommands: the one lower-case word a command may take.
@@ -107,9 +113,21 @@ def _span(words: list[str], i: int) -> int:
     return i + 1
 
 
+#: What parts the fields of a line of facts: `time unit: us   per batch over
+#: 175 fetches   a batch: 2 tensors, 16.5 KiB`.
+_FIELDS = re.compile(r"(\s{3,})")
+
+
 def units(text: str) -> list[tuple[str, str]]:
     """`text` as (space before, unit) pairs: the pieces a line may break
-    between. The spaces inside a unit are kept as written."""
+    between. The spaces inside a unit are kept as written. A line of
+    fields, set apart by three spaces or more, is one unit a field, so a
+    field is broken only where it is longer than a line of its own (and
+    `warm-up steps excluded: 5` is not parted from its 5)."""
+    fields = _FIELDS.split(text)
+    if len(fields) > 1:
+        spaces = [""] + fields[1::2]
+        return [(space, field) for space, field in zip(spaces, fields[::2]) if field]
     pieces = re.findall(r"(\s*)(\S+)", text)
     words = [w for _, w in pieces]
     out = []
@@ -137,9 +155,12 @@ def wrap(text: str, width: Optional[int], first: str = "", rest: str = "") -> li
         space, unit = pending.pop()
         fresh = width - len(rest if lines or not empty else first)
         if len(unit) > fresh and " " in unit:
-            # Too long for a line of its own: broken between its words,
-            # from where the line has got to.
-            words = re.findall(r"(\s*)(\S+)", unit)
+            # Too long for a line of its own: broken into its units (a
+            # field of a line of facts) or else between its words, from
+            # where the line has got to.
+            words = units(unit)
+            if len(words) < 2:
+                words = re.findall(r"(\s*)(\S+)", unit)
             words[0] = (space, words[0][1])
             pending.extend(reversed(words))
             continue
@@ -164,11 +185,27 @@ def terminal_width(stream: IO[str]) -> Optional[int]:
     try:
         if not stream.isatty():
             return None
-        given = os.environ.get("COLUMNS", "")
-        columns = int(given) if given.isdigit() else os.get_terminal_size(stream.fileno()).columns
+        columns = _columns() or os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, OSError, ValueError):
         return None
     return min(columns, PROSE_WIDTH) if columns > 0 else None
+
+
+def _columns() -> Optional[int]:
+    given = os.environ.get("COLUMNS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else None
+
+
+def pipe_width() -> int:
+    """The width of output that goes to no terminal: `COLUMNS` where set,
+    else PIPE_WIDTH."""
+    return _columns() or PIPE_WIDTH
+
+
+def stream_width(stream: IO[str]) -> int:
+    """The width to lay sentences out in on `stream`, terminal or not: its
+    terminal's (at most PROSE_WIDTH), or the pipe's (pipe_width)."""
+    return terminal_width(stream) or min(pipe_width(), PROSE_WIDTH)
 
 
 def for_stream(text: str, stream: IO[str], rest: str = "  ") -> str:
@@ -176,3 +213,12 @@ def for_stream(text: str, stream: IO[str], rest: str = "  ") -> str:
     width where `stream` is one; one line anywhere else, a log line that
     grep finds whole."""
     return "\n".join(wrap(text, terminal_width(stream), "", rest))
+
+
+def note_for_stream(text: str, stream: IO[str], rest: str = "  ") -> str:
+    """A note (`perfrun: note: ...`) on `stream`: laid out in the terminal's
+    width, and in a pipe or a log at the pipe's (stream_width), with a
+    hanging indent. An error is one line for the script that greps for it;
+    a note of three sentences is read, and on one line of 200 characters
+    it is not."""
+    return "\n".join(wrap(text, stream_width(stream), "", rest))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -33,7 +33,7 @@ from .analysis import columns
 from .analysis.build import build_report
 from .analysis.pipeline import LoaderPipeline
 from .exitcodes import ExitCode
-from .launcher.hang import position_of
+from .launcher.hang import Position, position_of
 from .prose import wrap
 from .report.table import render_table
 from .store.files import ResultsError
@@ -72,6 +72,7 @@ class RankView:
     median: Optional[float]  # seconds, median of the last steps
     split: dict[str, float] = field(default_factory=dict)  # phase -> share of the last steps
     where: str = ""  # its live position (launcher/hang.py), while it runs
+    moving: bool = False  # passing through its phases too fast to name one (Position.moving)
     rss: Optional[int] = None  # bytes: its resident memory at its last sample
     gpu: Optional[int] = None  # bytes: GPU memory allocated after its last sampled step
 
@@ -188,8 +189,9 @@ def snapshot(run: RunResults, last: int = LAST_STEPS, with_advice: bool = True) 
     views = [rank_view(r, rank_alive(r), last) for r in run.ranks]
     now = time.time()
     for view, rank in zip(views, run.ranks):
-        if view.status == "running":
-            view.where = _where_now(rank.data, now)
+        position = position_now(rank.data, view) if view.status == "running" else None
+        if position is not None:
+            view.where, view.moving = position.place(now), position.moving()
     slowest = None
     medians = [(v.median, v.rank) for v in views if v.median is not None]
     if len(medians) > 1:
@@ -236,16 +238,16 @@ def pipeline_line(lp: LoaderPipeline) -> str:
             f"{lp.held} of {lp.fetches} fetches held up")
 
 
-def _where_now(data: dict[str, Any], now: float) -> str:
-    """`Backward at step 3 (2.1 s)`: the rank's saved position, as `perfrun
-    status` shows it; empty before the rank has one."""
-
+def position_now(data: dict[str, Any], view: RankView) -> Optional[Position]:
+    """The rank's saved position with its pace from `view`, as `perfrun
+    status` reads it (Position.place: `Backward at step 3 for 2.1 s`, or,
+    for a rank of thousands of steps a second, `at step 60953, 3,012
+    steps/s`: its phase at the save is one instant of thousands, and the
+    time since it the save's age); None before the rank has a position."""
     p = position_of(data)
     if p.phase is None:
-        return ""
-    took = p.for_seconds(now)
-    step = f" at step {p.step}" if p.step is not None else ""
-    return f"{p.phase.capitalize()}{step}" + (f" ({took:.1f} s)" if took is not None else "")
+        return None
+    return replace(p, rate=view.rate, step_time=view.median)
 
 
 #: The live view's width: an 80-column terminal over ssh.
@@ -254,6 +256,12 @@ WIDTH = 80
 
 def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _prose(text: str, style: str = "", rest: str = "  ") -> Text:
+    """A sentence of the view in its 80 columns, each line after the first
+    indented under it (prose.py): a path, a number with its unit whole."""
+    return Text("\n".join(wrap(text, WIDTH, "", rest)), style=style, overflow="fold")
 
 
 def render_snapshot(snap: Snapshot, note: str = "") -> Group:
@@ -280,21 +288,23 @@ def render_snapshot(snap: Snapshot, note: str = "") -> Group:
             _fmt(v.median, 1e3), *(_fmt(v.split.get(q), 100, 0) for q in (*PHASES, "others")),
             short_bytes(v.rss), *((short_bytes(v.gpu),) if gpu else ()),
         )
-    lines.append(Text(f"Each rank's last {snap.last} steps: St/s steps a second, Last and Med "
-                      "(median) step in ms, phases in % of step time; RSS its resident "
-                      "memory" + ("; GPU memory allocated after a step" if gpu else ""),
-                      style="dim"))
+    lines.append(_prose(f"Each rank's last {snap.last} steps: St/s steps a second, Last and "
+                        "Med (median) step in ms, phases in % of step time; RSS its resident "
+                        "memory" + ("; GPU memory allocated after a step" if gpu else ""),
+                        style="dim"))
     lines.append(table)
-    now = [f"{v.rank}: {v.where}" for v in snap.ranks if v.where]
+    # A rank of thousands of steps a second is where its Steps and St/s
+    # say (Position.moving); the others, held in a phase, are named.
+    now = [f"{v.rank}: {v.where}" for v in snap.ranks if v.where and not v.moving]
     if now:
-        lines.append(Text("Now: " + "; ".join(now), overflow="fold"))
+        lines.append(_prose("Now: " + "; ".join(now)))
     if not snap.ranks:
         lines.append(Text("waiting for the ranks' first results...", style="yellow"))
     if snap.missing:
         lines.append(Text(f"no results yet from rank(s) {', '.join(map(str, snap.missing))}",
                           style="yellow"))
     if snap.data:
-        lines.append(Text(snap.data, overflow="fold"))
+        lines.append(_prose(snap.data))
     if snap.slowest is not None:
         who, med, excess = snap.slowest
         lines.append(Text(f"Slowest rank: {who} (median {med * 1e3:.2f} ms a step, "

@@ -29,6 +29,95 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ---------------------------------------------------------------------------
+# The suite on a busy machine: `--busy N` (or PERFRUN_TEST_BUSY=N)
+#
+# A test that compares times, rates or shares between runs, or whose verdict
+# could depend on free cores, is marked `timing`; it must give the same
+# verdict whatever else shares the machine's cores. `python -m pytest -m
+# timing --busy 2` runs those tests beside N processes that spin on a core
+# each for the whole session, so that a test that holds only on an idle
+# machine fails here, not on a user's busy one. The spinners are started once
+# per session, by the process that runs it (xdist's controller, not each
+# worker), and killed when it ends.
+# ---------------------------------------------------------------------------
+
+BUSY_ENV = "PERFRUN_TEST_BUSY"
+
+#: A spinner: busy until the process that started it is gone (its parent
+#: checked every million turns, a few tens of milliseconds), so that a
+#: session killed before its teardown leaves none behind.
+SPINNER = (
+    "import os\n"
+    "parent = os.getppid()\n"
+    "while os.getppid() == parent:\n"
+    "    for _ in range(1_000_000):\n"
+    "        pass\n"
+)
+
+_BUSY_PROCS = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--busy", type=int, default=None, metavar="N",
+        help=f"run the tests beside N processes that spin on a core each for the whole "
+             f"session (default: ${BUSY_ENV}, else 0); with -m timing, the tests whose "
+             f"verdicts must not depend on free cores")
+
+
+def busy_processes(config: pytest.Config) -> int:
+    """How many spinners the session asked for: --busy, else $PERFRUN_TEST_BUSY."""
+    value = config.getoption("--busy")
+    if value is None:
+        text = os.environ.get(BUSY_ENV, "").strip() or "0"
+        try:
+            value = int(text)
+        except ValueError:
+            raise pytest.UsageError(f"{BUSY_ENV}={text!r}: expected a whole number") from None
+    if value < 0:
+        raise pytest.UsageError(f"--busy {value}: expected 0 or more processes")
+    return int(value)
+
+
+def pytest_report_header(config: pytest.Config) -> Optional[str]:
+    n = busy_processes(config)
+    return f"busy: {n} spinning processes beside the tests" if n else None
+
+
+def hang_limit(busy: int) -> float:
+    """E2E_TIMEOUT for this session: 120 s where a run has a core of its
+    own; on a busy machine, as many times that as runnable processes
+    outnumber the cores (the 1-minute load average, or the spinners and one
+    test), at most 5 times. A run that gets a fifth of a core takes five
+    times as long: slow, not hung."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return HANG_LIMIT_IDLE * min(5.0, max(1.0, max(load, busy + 1) / cores))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global E2E_TIMEOUT
+    config = session.config
+    # Before the test modules import it (collection comes after this hook).
+    E2E_TIMEOUT = hang_limit(busy_processes(config))
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller spins
+        return
+    config.stash[_BUSY_PROCS] = [
+        subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.DEVNULL)
+        for _ in range(busy_processes(config))
+    ]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for proc in config.stash.get(_BUSY_PROCS, []):
+        proc.kill()
+        proc.wait()
+
+
+# ---------------------------------------------------------------------------
 # Scripts of the project (scripts/, tests/gpu/scripts/) imported by the tests
 # that check their pure parts, without running their main.
 # ---------------------------------------------------------------------------
@@ -59,8 +148,10 @@ def import_file(path: Path, name: str) -> Any:
 # `PerfrunRun` with the exit status, the captured output and the run folder.
 # ---------------------------------------------------------------------------
 
-#: A run that takes longer than this is hung, not slow.
-E2E_TIMEOUT = 120
+#: A run that takes longer than this is hung, not slow: 120 s on an idle
+#: machine, more on a busy one (hang_limit, set as the session starts).
+HANG_LIMIT_IDLE = 120.0
+E2E_TIMEOUT = HANG_LIMIT_IDLE
 
 
 #: The line perfrun writes on stderr before the script starts (-q: none).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import statistics
 from typing import Any
 
@@ -16,6 +17,7 @@ from perfrun.analysis.device import device_summary
 from perfrun.analysis.ranks import (
     Ending,
     first_failure,
+    lost_span,
     multi_rank_summary,
     rank_outcome,
     rank_problem,
@@ -319,6 +321,23 @@ def test_a_rank_that_left_by_os_exit_or_did_not_start_says_so() -> None:
     assert rank_outcome(syntax) == "not started"
 
 
+def test_a_keyboardinterrupt_the_script_raised_is_not_said_to_be_a_signal() -> None:
+    """Issue 44: Python ends by SIGINT after an uncaught KeyboardInterrupt,
+    the script's own `raise KeyboardInterrupt` included: the rank raised
+    it, and nothing killed it. A Ctrl-C's is the signal's."""
+    raised = _ended(make_rank(_rank_rows(8, n=21), exception="KeyboardInterrupt"), 1010.0)
+    ending = Ending(status=-signal.SIGINT, by=1010.5, launcher="python")
+    assert rank_problem(raised, ending) == "raised KeyboardInterrupt after 21 steps"
+    assert rank_outcome(raised, ending) == "raised"
+    ctrl_c = _ended(make_rank(_rank_rows(8, n=21), status="signalled",
+                              exception="KeyboardInterrupt", signal=signal.SIGINT), 1010.0)
+    assert rank_problem(ctrl_c, ending) == "killed by SIGINT after 21 steps"
+    # Another exception, then a signal: the signal is still said.
+    other = _ended(make_rank(_rank_rows(8, n=21), exception="ValueError"), 1010.0)
+    assert rank_problem(other, Ending(status=-signal.SIGTERM)) == (
+        "raised ValueError after 21 steps; a signal then ended it (SIGTERM)")
+
+
 def test_the_report_of_a_script_that_did_not_start_says_what_stopped_it() -> None:
     syntax = _ended(make_rank([], torch_imported=False, exception="SyntaxError"), 1000.1,
                     start_error="invalid syntax (train.py, line 2)")
@@ -349,13 +368,43 @@ def test_a_rank_killed_outright_names_the_signal_and_what_it_may_have_lost() -> 
     assert "at most its last 2.3 s of steps (about 290 steps" in rank_problem(
         rank, ending, step_time=8 * MS)
     del rank.data["extra"]["flush"]
+    # When the launcher's end is not known, the next save that never came
+    # bounds the loss: one flush interval after the last.
+    assert rank_problem(rank, Ending(status=-9)) == (
+        "killed by SIGKILL after 40 steps; at most its last 2.0 s of steps are not in its "
+        "results: a rank saves every 2 s, and SIGKILL leaves it no time to save the rest")
+    assert rank_problem(rank).startswith("died after 40 steps; at most its last 2.0 s of steps")
+    del rank.data["elapsed"]
     assert rank_problem(rank, Ending(status=-9)) == (
         "killed by SIGKILL after 40 steps; the steps after its last save are not in its "
         "results: a rank saves every 2 s, and SIGKILL leaves it no time to save the rest")
-    assert rank_problem(rank).startswith("died after 40 steps; the steps after its last save")
     # Exited by itself without its final save: not a kill.
     assert rank_problem(rank, Ending(status=0)).startswith(
         "exited with status 0 after 40 steps but never saved its final results")
+
+
+def test_what_a_kill_lost_is_bounded_by_the_save_that_never_came() -> None:
+    """Issue 44: a rank SIGKILLed 2 s into a 2 s save interval, on a run
+    whose launcher ended 25 s later (the other ranks trained on): the steps
+    after its last save are at most one interval's, about 540 of its
+    3.7 ms steps, not the 25 s to the launcher's end (about 6,800)."""
+    rank = _ended(make_rank(_rank_rows(8, n=40), status="running"), 1020.0)
+    ending = Ending(status=-9, by=1045.2, launcher="torchrun")
+    assert rank_problem(rank, ending, step_time=3.7e-3) == (
+        "killed by SIGKILL after 40 steps; at most its last 2.0 s of steps (about 540 "
+        "steps at its median step) are not in its results: a rank saves every 2 s, and "
+        "SIGKILL leaves it no time to save the rest")
+    # A save takes time, and a busy machine may keep the flush thread
+    # waiting: the longest save, and the longest seen between two saves,
+    # widen the bound; the launcher's end still caps it.
+    assert lost_span(20.0, 20.0, 2.0, 0.1, 0.0, None) == pytest.approx(2.1)
+    assert lost_span(20.0, 20.0, 2.0, 0.1, 3.5, None) == pytest.approx(3.5)
+    assert lost_span(20.0, 19.2, 2.0, 0.0, 0.0, None) == pytest.approx(2.8)
+    assert lost_span(20.0, 19.2, 2.0, 0.0, 0.0, 20.5) == pytest.approx(1.3)
+    assert lost_span(20.0, 20.0, 2.0, 0.0, 0.0, 19.0) == 0.0
+    rank.data["extra"]["flush"] = {"max": 0.05, "gap": 4.0}
+    assert "at most its last 4.0 s of steps (about 1,100 steps" in rank_problem(
+        rank, ending, step_time=3.7e-3)
 
 
 def test_run_endings_read_the_launchers_and_torchruns_records() -> None:

@@ -788,7 +788,9 @@ def test_run_help_is_grouped_by_the_settings_sections(capsys, monkeypatch) -> No
     assert [t for t in titles if t in settings_titles] == settings_titles
     assert titles[-1] == "Other" and "Settings from a file" in titles
     other = out.split("\nOther:\n", 1)[1]
-    assert other.split() == ["-h,", "--help", "Show", "this", "message", "and", "exit."]
+    words = other.split()  # `-h, --help`, or `--help` where a test took -h
+    assert words[-5:] == ["Show", "this", "message", "and", "exit."]
+    assert set(words[:-5]) <= {"-h,", "--help"} and "--help" in words
     options = out.split("\nRun:\n", 1)[1]
     for _name, spec in command_line_options("run"):
         if not spec.hidden:

@@ -279,6 +279,7 @@ def test_a_run_against_itself_passes(slow: Runs) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_the_same_workload_twice_does_not_fire(pair: Runs) -> None:
     # See SAME_WORKLOAD_THRESHOLD for why 100% and not the 5% a CI job would use.
     done, doc = compare_json(

@@ -15,21 +15,43 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pynvml
 import pytest
-from conftest import Terminal, needs_tmux
+from builders import make_rank, make_run
+from conftest import Terminal, flat, needs_tmux
 
-from perfrun.analysis.stats import Rate, Stats
-from perfrun.analysis.summary import PerfSummary
+from perfrun import commands
+from perfrun.analysis.build import build_report
+from perfrun.analysis.memory import memory_summary
+from perfrun.analysis.stats import Rate, Stats, times
+from perfrun.analysis.summary import ModelRow, ModelSummary, PerfSummary
 from perfrun.analysis.window import RankWindow, WindowReport
 from perfrun.prose import PROSE_WIDTH
 from perfrun.report.markdown import render_markdown_blocks
-from perfrun.report.primitives import ELLIPSIS, Column, LinesBlock, TableBlock, middle
-from perfrun.report.summary_blocks import perf_block
-from perfrun.report.table import MIN_NAME, layout, make_console, render_blocks
-from perfrun.report.window_blocks import window_blocks
+from perfrun.report.memory_blocks import memory_block
+from perfrun.report.primitives import (
+    ELLIPSIS,
+    Column,
+    LinesBlock,
+    TableBlock,
+    bytes_unit,
+    column_unit,
+    flop_unit,
+    fmt_flops,
+    fmt_size,
+    headed,
+    middle,
+    middle_words,
+    plural,
+)
+from perfrun.report.summary_blocks import _rate_cell, model_block, perf_block
+from perfrun.report.table import MIN_NAME, layout, make_console, render_blocks, render_table
+from perfrun.report.window_blocks import module_label, window_blocks
 from perfrun.runtime import device
 from perfrun.runtime.device import DeviceSampler
+from perfrun.store.rankfile import RankResult
+from perfrun.store.stepfile import COL, STEP_COLUMNS
 
 MS = 1e-3
 
@@ -486,3 +508,206 @@ def test_the_report_reads_at_80_and_120_columns_in_a_terminal(tmp_path: Path) ->
         assert max(len(line) for line in notes) > 80, wide  # laid out for the wider terminal
     finally:
         shutil.rmtree(short, ignore_errors=True)
+
+
+# -- a long run at 80 columns ---------------------------------------------------------------
+
+MIB = 1 << 20
+US = ("us", 1e6)
+
+
+def test_a_column_of_times_takes_a_coarser_unit_past_five_digits() -> None:
+    """A Total over 10^5 steps of 2 ms is 203691393.82 us: the column takes
+    the unit in which it has at most five integer digits, and says so; the
+    per-step columns keep the table's."""
+    assert column_unit([1021.25e-6, 334.64e-6], US) == US
+    assert column_unit([203.69], US) == ("s", 1.0)
+    assert column_unit([0.93263, 0.1], US) == ("ms", 1e3)  # the slowest of 10^5 steps
+    assert column_unit([0.099999], US) == US  # 99999 us: five digits
+    assert column_unit([None, float("nan")], US) == US
+    assert column_unit([5e6], ("ms", 1e3)) == ("s", 1.0)  # there is none coarser
+    assert headed("Max", ("ms", 1e3), US) == "Max (ms)" and headed("Avg", US, US) == "Avg"
+
+
+def test_sizes_in_one_unit_a_column_and_flops_in_the_prefix_that_suits_them() -> None:
+    unit = bytes_unit([309.5 * MIB, 12.34 * MIB, None])
+    assert unit[0] == "MiB"
+    assert [fmt_size(v, unit) for v in (309.5 * MIB, 12.34 * MIB, None)] == [
+        "309.5", "12.34", "-"]
+    gib = bytes_unit([12 << 30, 300 * MIB])
+    assert gib[0] == "GiB" and fmt_size(300 * MIB, gib) == "0.2930"
+    assert bytes_unit([512]) == ("B", 1) and fmt_size(512, ("B", 1)) == "512"
+    # A tiny model's rates on a CPU: MFLOP/s, not 0.00523 GFLOP/s or 6.7e-05.
+    assert flop_unit([5.23e6, 1.31e7, None], "G") == ("M", 1e6)
+    assert flop_unit([6e10], "T") == ("G", 1e9) and flop_unit([3e14], "T") == ("T", 1e12)
+    assert flop_unit([3e14], "G") == ("G", 1e9) and flop_unit([0.0], "G") == ("", 1.0)
+    assert [fmt_flops(n) for n in (3580, 2.96e7, 1.21e12)] == [
+        "3.58 kFLOP", "29.6 MFLOP", "1.21 TFLOP"]
+    assert [_rate_cell(v, 1.0) for v in (6.7e-05, 0.000151, 13.07, None)] == [
+        "0.0000670", "0.000151", "13.07", "-"]
+
+
+def test_large_ratios_and_counts_read_in_a_sentence() -> None:
+    assert [times(r) for r in (3.24, 86.04, 262.6, 2950.7)] == [
+        "3.2x", "86.0x", "263x", "2,951x"]
+    assert plural(99_984, "step") == "99,984 steps" and plural(1, "step") == "1 step"
+
+
+def _long_model(gpu: bool) -> ModelSummary:
+    """The Model Summary of 10^5 steps of about 2 ms, one of them 933 ms."""
+    def stats(share: float) -> Stats:
+        return Stats(n=99_984, total=203.69 * share, avg=2.03724e-3 * share,
+                     max=0.93263 * share, min=3.678e-4 * share, median=6.85e-4 * share)
+
+    rows = [ModelRow("ProfileStep", 99_984, stats(1.0), 1.0,
+                     stats(0.9) if gpu else None, 0.9 if gpu else None)]
+    for name, share in (("Dataloader", 0.0), ("Forward", 0.17), ("Backward", 0.36),
+                        ("Optimization", 0.31), ("Others", 0.16)):
+        rows.append(ModelRow(name, 199_968 if name == "Optimization" else 99_984,
+                             stats(share), share, stats(share) if gpu else None,
+                             share if gpu else None))
+    return ModelSummary(steps=99_984, rows=rows, has_gpu=gpu)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_a_long_runs_model_summary_fits_80_columns(gpu: bool) -> None:
+    block = model_block(_long_model(gpu))
+    headers = [c.header for c in block.columns]
+    assert headers[2:6] == ["CPU Total (s)", "Avg", "Max (ms)", "Min"]
+    assert block.rows[0][2:6] == ["203.69", "2037.24", "932.63", "367.80"]
+    assert block.info[0].startswith("time unit: us, or as a column says")
+    text = _render([block], 80)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert not re.search(r"\d{6,}\.\d", text), text  # no figure of six integer digits
+    if not gpu:
+        assert len(layout(block, 80)) == 1  # one table: nothing stacked
+
+
+def test_sequential_children_are_named_with_their_type() -> None:
+    assert module_label({"name": "0", "type": "Linear"}) == "0 (Linear)"
+    assert module_label({"name": "net.layers.11", "type": "Block"}) == "net.layers.11 (Block)"
+    assert module_label({"name": "net.attn", "type": "Attention"}) == "net.attn"
+    assert module_label({"name": "2"}) == "2"  # a file from before types were recorded
+    summary = {"steps": 10, "modules": {"recorded": True, "groups": [], "modules": [
+        {"name": "Sequential", "parent": "", "calls": 10, "type": "Sequential",
+         "total": 0.3, "forward": 0.1, "backward": 0.2, "share": 0.66},
+        *({"name": str(i), "parent": "Sequential", "calls": 10, "type": kind,
+           "total": 0.1 / (i + 1), "forward": 0.05 / (i + 1), "backward": 0.05 / (i + 1),
+           "share": 0.2 / (i + 1)} for i, kind in enumerate(("Linear", "ReLU", "Linear"))),
+    ]}}
+    report = WindowReport(window=(100, 110), ranks=[RankWindow(0, summary)])
+    [module] = [b for b in window_blocks(report, {"time_unit": "ms"}, lambda _key: True)
+                if isinstance(b, TableBlock) and b.key == "module"]
+    assert [row[0] for row in module.rows] == [
+        "Sequential", "  0 (Linear)", "  1 (ReLU)", "  2 (Linear)"]
+
+
+def test_the_memory_summary_of_a_rank_and_its_workers_is_one_table_in_80_columns() -> None:
+    """The rank, its DataLoader workers under it (by what they are and
+    their pid), sizes in one unit: one table at 80 columns, where the
+    labels `rank 0 DataLoader 0 worker (pid 123456) (private)` and cells of
+    `315.3 MiB` made it 112 wide (two tables at 80)."""
+    steps = ([k * 0.01 for k in range(5000)], 50.0)
+    flat = [[10 * s, 315 * MIB] for s in range(0, 5000, 50)]
+    growing = [[10 * s, int(40 * MIB + s * 0.15 * MIB)] for s in range(0, 5000, 50)]
+    section = {"limit": 16 << 30,
+               "process": {"name": "main", "measure": "rss", "peak": 316 * MIB, "points": flat},
+               "children": {str(pid): {"name": "child process", "measure": "uss", "peak": 0,
+                                       "points": growing} for pid in (123456, 123457)}}
+    workers = {123456: "DataLoader 0 worker", 123457: "DataLoader 0 worker"}
+    summary = memory_summary([(0, section, steps)], 3, workers)
+    assert summary is not None
+    block = memory_block(summary)
+    assert [row[0] for row in block.rows] == [
+        "rank 0", "  DataLoader 0 worker (pid 123456)", "  DataLoader 0 worker (pid 123457)"]
+    assert block.info[0].startswith("size unit: MiB;") and block.rows[0][2:5] == [
+        "315.0", "316.0", "315.0"]
+    assert len(layout(block, 80)) == 1
+    text = _render([block], 80)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    # Beside a creep's `+150.0 MiB (R² 1.00)`, a name may be cut: between
+    # its words, its pid, the tail, kept.
+    assert re.search(r"\n  DataLoader (0 )?… \(pid 123456\) ", text), text
+
+
+def test_a_name_of_words_is_cut_between_them() -> None:
+    assert middle_words("DataLoader 0 worker (pid 123456)", 28) == "DataLoader 0 … (pid 123456)"
+    assert middle_words("DataLoader 0 worker (pid 123456)", 40) == (
+        "DataLoader 0 worker (pid 123456)")
+    # An operator's name, one cut already, or words too long to leave the
+    # room used: cut in the middle of the text, as before.
+    name = "autograd::engine::evaluate_function: AddmmBackward0"
+    assert middle_words(name, 28) == middle(name, 28)
+    assert middle_words(middle(name, 40), 28) == middle(name, 28)
+    assert middle_words("Synchronisations (.item(), .cpu(), synchronize)", 30) == middle(
+        "Synchronisations (.item(), .cpu(), synchronize)", 30)
+
+
+@pytest.mark.slow
+def test_a_long_runs_report_fits_80_columns_in_a_pipe(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report of a run of 10^5 steps of about a millisecond (one of
+    them a second), a tiny model's FLOP/s and a DataLoader worker beside
+    the rank, as `perfrun report RUN | less` prints it: every line within
+    80 columns, its notes laid out with hanging indents, no figure of eight
+    digits, no exponent, and the slowest step a round number of medians.
+    The short report of a run that never imported torch too."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    n = 100_000
+    rng = np.random.default_rng(44)
+    table = np.full((n, len(STEP_COLUMNS)), np.nan)
+    phases = {"forward": rng.uniform(60e-6, 400e-6, n), "backward": rng.uniform(120e-6, 800e-6, n),
+              "optimization": rng.uniform(90e-6, 700e-6, n)}
+    phases["backward"][n // 2] = 0.9  # a step a thousand times the median
+    others = np.full(n, 50e-6)
+    step = sum(phases.values()) + others
+    end = 1.0 + np.cumsum(step)
+    table[:, COL["start"]], table[:, COL["end"]] = end - step, end
+    table[:, COL["dataloader"]] = 0.0
+    table[:, COL["excluded"]] = 0.0
+    for name, times_ in phases.items():
+        table[:, COL[name]] = times_
+    for name in ("dataloader_calls", "forward_calls", "backward_calls"):
+        table[:, COL[name]] = 0 if name == "dataloader_calls" else 1
+    table[:, COL["optimization_calls"]] = 2
+    data = make_rank([], command="python train.py --epochs 1000").data
+    data["flops"] = {"counted": True, "step": 1, "reason": None, "forward": 1536,
+                     "backward": 2048, "optimizer": 0,
+                     "calls": {"forward": 1, "backward": 1, "optimizer": 1},
+                     "ops": {"aten.mm": 2048, "aten.addmm": 1536}, "dtype": "float32",
+                     "autocast": False, "tf32": None, "device": "cpu", "device_name": None,
+                     "seconds": 0.11, "notes": []}
+    at = [int(t * 1000) for t in end[:: n // 100]]
+    data["memory"] = {
+        "limit": 24 << 30, "children": {
+            "123456": {"name": "DataLoader 0 worker", "measure": "uss", "peak": 0,
+                       "points": [[t, int(40 * MIB + k * 2 * MIB)] for k, t in enumerate(at)]}},
+        "process": {"name": "main", "measure": "rss", "peak": 316 * MIB,
+                    "points": [[t, 315 * MIB] for t in at]}}
+    rank = RankResult("/runs/r/rank0.json", data, table=table)
+    report = build_report(make_run([rank], meta={"command": ["perfrun", "train.py"]}))
+    stream = io.StringIO()
+    render_table(report, make_console(stream))
+    text = stream.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, text
+    for title in ("Perf Summary", "Model Summary", "Memory Summary", "Advice"):
+        assert title in lines, title
+    assert "e-0" not in text and not re.search(r"\d{6,}\.\d", text), text
+    assert "Steps: 99,995 counted of 100,000 recorded" in text
+    assert re.search(r"slowest step \S+ \S+, [\d,]+x the median", flat(text)), text
+    assert "Achieved MFLOP/s" in flat(text)
+    # Each note's lines under its first: a bullet's continuation indented.
+    for k, line in enumerate(lines[1:], 1):
+        if lines[k - 1].startswith("  - ") and line and not line.startswith("  - "):
+            assert line.startswith("    "), (lines[k - 1], line)
+
+    run = make_run([], run_dir="/runs/r", meta={"command": ["perfrun", "notorch.py"]})
+    commands._print_no_torch(run)
+    short = capsys.readouterr().out.splitlines()
+    assert short[:2] == ["Command: perfrun notorch.py", "Results: /runs/r"]
+    assert max(len(line) for line in short) <= 80, short
+    notes = short[short.index("Notes") + 1:]
+    assert notes[0].startswith("  - the process perfrun started") and len(notes) > 2
+    assert all(line.startswith("    ") for line in notes[1:] if line)

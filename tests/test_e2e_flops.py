@@ -6,10 +6,13 @@ of the same matmuls, and a compiled model (not counted, and no recompile).
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
 from conftest import RunPerfrun, e2e_environment
+
+from perfrun.store.stepfile import COL
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "flops_train.py")
 WIDTH, BATCH, STEPS = 512, 128, 12
@@ -31,6 +34,7 @@ def matmul_rate() -> float:
     return LINEAR / timer.blocked_autorange(min_run_time=0.3).median
 
 
+@pytest.mark.timing
 def test_flops_counted_reported_and_left_out(run_perfrun: RunPerfrun) -> None:
     before = matmul_rate()
     run = run_perfrun("--warmup", "2", SCRIPT, "--width", str(WIDTH), "--batch", str(BATCH),
@@ -51,15 +55,25 @@ def test_flops_counted_reported_and_left_out(run_perfrun: RunPerfrun) -> None:
     assert phases["Forward"]["basis"] == "cpu" and phases["Forward"]["mfu"] is None
     forward = phases["Forward"]["achieved"]
     backward = phases["Backward"]["achieved"]
+    # Each rate is the phase's FLOPs over its median time on the counted
+    # steps, read from the run's own rows: the rate's units, FLOPs and steps,
+    # whatever the machine's load did to the times.
+    counted = rank.rows[2:]
+    for rate, phase in ((forward, "forward"), (backward, "backward")):
+        seconds = statistics.median(row[COL[phase]] for row in counted)
+        assert rate == pytest.approx(flops[phase] / seconds, rel=1e-9), (phase, rate, seconds)
     # The machine's matmul rate now and as the run began (the run's own
     # start is in `before`): where other tests load the machine, the run
     # and one reading may see different load.
     reference = matmul_rate()
-    low, high = min(before, reference), max(before, reference)
-    # Generous: the machine is shared, and a phase holds more than its
-    # matmuls (ReLU, the loss, Python).
-    assert low / 3 < forward < high * 3, (forward, before, reference)
-    assert low / 3 < backward < high * 3, (backward, before, reference)
+    high = max(before, reference)
+    # No phase outruns the matmuls it holds (generous: the reference too is
+    # timed on a shared machine). No lower bound: a phase's wall time holds
+    # its waits for a core, which load alone makes most of it (7.8 GFLOP/s
+    # against a reference of 61 beside busy processes on this 2-core
+    # machine, the reference being the median of many short blocks).
+    assert 0 < forward < high * 3, (forward, before, reference)
+    assert 0 < backward < high * 3, (backward, before, reference)
     print(f"\nforward {forward / 1e9:.2f} GFLOP/s, backward {backward / 1e9:.2f} GFLOP/s, "
           f"torch.utils.benchmark addmm {reference / 1e9:.2f} GFLOP/s")
 
@@ -73,6 +87,27 @@ def test_no_flops(run_perfrun: RunPerfrun) -> None:
     assert "FLOP/s: not counted: off (--no-flops)" in run.out
     assert run.rank0().data["flops"]["reason"] == "off (--no-flops)"
     assert run.report()["title"]["steps_counted"] == 6
+
+
+def test_a_script_without_dynamo_is_counted_without_importing_it(
+    run_perfrun: RunPerfrun,
+) -> None:
+    """A loop that updates its parameters by hand never imports Dynamo;
+    torch's counter would at its first op (seconds, inside the counted
+    step). perfrun's count leaves the script as it was, and counts the
+    same FLOPs."""
+    script = str(Path(__file__).parent / "scripts" / "flops_by_hand.py")
+    points = 2000
+    run = run_perfrun(script, "--points", str(points), "--steps", "40")
+    assert run.returncode == 0, run.describe()
+    assert "DYNAMO False" in run.out
+    flops = run.rank0().data["flops"]
+    assert run.rank0().data["faults"] == [], run.rank0().data["faults"]
+    assert flops["counted"] and flops["step"] == 1, flops
+    # Linear(3, 1) over the points: 2*m*n*k forward, the weight's gradient
+    # backward (the input needs none).
+    assert flops["forward"] == 2 * points * 3 and flops["backward"] == 2 * points * 3
+    assert any(n.startswith("FLOPs counted on step 1") for n in run.report()["notes"])
 
 
 def test_a_compiled_model_is_not_counted_and_not_recompiled(

@@ -96,6 +96,7 @@ def test_forward_forward_training_counts_every_optimizer_step(
 # -- a detailed window on several ranks -----------------------------------------------
 
 
+@pytest.mark.timing
 def test_a_window_on_two_ranks_leaves_their_statistics_as_they_were(
     run_perfrun: RunPerfrun
 ) -> None:
@@ -308,6 +309,7 @@ def script_steps(out: str, every: int = 1) -> list[tuple[int, float]]:
                                  out, re.M)]
 
 
+@pytest.mark.timing
 def test_metrics_logged_every_step_are_named_and_every_n_steps_gives_the_time_back(
     run_perfrun: RunPerfrun, run_python: Callable[..., bytes]
 ) -> None:

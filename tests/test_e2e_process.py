@@ -550,20 +550,28 @@ def test_training_in_processes_the_script_spawns_is_named_not_silent(tmp_path: P
     assert "the script started 2 process(es) with torch.multiprocessing" in result.stdout
 
 
-def test_training_on_a_thread_of_the_scripts_is_named_not_silent(tmp_path: Path) -> None:
-    """perfrun times the script's main thread: a script that trains on
-    another thread records no step, and the report says where they ran."""
+def test_training_on_a_thread_of_the_scripts_is_profiled(tmp_path: Path) -> None:
+    """Issue 44: a script whose loop runs in a threading.Thread, the main
+    thread only waiting for it. perfrun times that thread's steps (from its
+    second: the first shows which thread trains) and its DataLoader's
+    stages, and says where they ran, rather than "no PyTorch training loop
+    was seen"."""
     log = tmp_path / "log"
     result = perfrun("--log-dir", str(log), str(SCRIPTS / "proc_thread_train.py"),
-                     cwd=tmp_path)
+                     "--steps", "40", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "trained on a thread" in result.stdout
+    assert "trained on a thread: 40 steps" in result.stdout
     data = rank_data(run_dir_of(log))
     assert data["faults"] == []
-    assert any(n.startswith("optimizer steps ran on a thread other than the script's main "
-                            "thread (trainer)") for n in data["notes"]), data["notes"]
-    assert "no PyTorch training loop was seen" in result.stdout
-    assert "(trainer)" in result.stdout
+    assert len(data["steps"]["rows"]) == 39
+    assert any(n.startswith("the training loop ran on a thread of the script's (trainer), not "
+                            "its main thread") for n in data["notes"]), data["notes"]
+    [loader] = data["dataloaders"]
+    assert loader["batch_size"] == 8
+    text = " ".join(result.stdout.split())
+    assert "no PyTorch training loop was seen" not in text
+    assert re.search(r"Steps: \d+ counted of 39 recorded", text), result.stdout
+    assert "Data Pipeline" in text and "(trainer)" in text
 
 
 # -- expected errors: one line, a documented status --------------------------------------------

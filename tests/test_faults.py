@@ -317,16 +317,21 @@ def test_full_disk_mid_run_leaves_the_script_alone(tmp_path: Path) -> None:
     assert plain.returncode == 0, describe(plain)
     log = tmp_path / "log"
     under = perfrun("--log-dir", str(log), "--flush-interval", "0.2", *args, cwd=tmp_path)
-    assert under.returncode == 0, describe(under)
+    # The script succeeded; its results are incomplete: perfrun's own 74.
+    assert under.returncode == ExitCode.INCOMPLETE == 74, describe(under)
     assert under.stdout.startswith(plain.stdout)
     # (script_stderr takes perfrun's closing lines off the end, and the
     # blank lines before them: the plain run's last line is blank too.)
     assert script_stderr(under.stderr) == plain.stderr.rstrip("\n").splitlines()
-    # One line from perfrun in the script's process, then the launcher's.
+    # One line from perfrun in the script's process, with the steps it
+    # could not save, then the launcher's: incomplete, not "saved".
     lines = [x for x in under.stderr.splitlines() if not x.startswith(START_NOTICE)]
     said = lines[len(plain.stderr.splitlines()) :]
-    assert said[0] == "perfrun: could not save results: [Errno 27] File too large", said
-    assert said[1:] == [f"perfrun: results saved in {run_dir_of(log)}"], said
+    assert said[0] == ("perfrun: could not save results: [Errno 27] File too large (4 of the "
+                       "8 steps that ran are not saved)"), said
+    assert said[1:] == [f"perfrun: results saved in {run_dir_of(log)} are incomplete: rank 0 "
+                        "ended without saving its final results: the steps after its last "
+                        "save are not in them"], said
     assert "Traceback" not in under.stderr
 
     # What was flushed before the disk filled up is kept and reported.
@@ -336,6 +341,29 @@ def test_full_disk_mid_run_leaves_the_script_alone(tmp_path: Path) -> None:
     assert ("rank 0: exited with status 0 after 4 steps but never saved its final results"
             in flat(under.stdout)), describe(under)
     assert "writing them failed (a full disk?)" in flat(under.stdout)
+
+
+def test_a_disk_full_before_the_first_step_is_no_run_without_a_loop(tmp_path: Path) -> None:
+    """Issue 44: no file can grow from before the first step on (the
+    script trains all 8 steps): no step is saved and the rank cannot save
+    its end. perfrun does not say "no PyTorch training loop was seen": the
+    rank says on stderr how many steps it ran and could not save, the
+    headline that no step was saved, and perfrun exits 74, the script
+    having succeeded."""
+    args = [str(SCRIPTS / "fault_disk_full.py"), "--steps", "8", "--full-at", "0"]
+    log = tmp_path / "log"
+    under = perfrun("--log-dir", str(log), "--flush-interval", "0.2", *args, cwd=tmp_path)
+    assert under.returncode == ExitCode.INCOMPLETE, describe(under)
+    assert "training finished" in under.stdout
+    assert ("perfrun: could not save results: [Errno 27] File too large (8 of the 8 steps "
+            "that ran are not saved)") in under.stderr.splitlines(), describe(under)
+    text = flat(under.stdout)
+    assert "no PyTorch training loop was seen" not in text
+    assert ("perfrun: no step was saved: rank 0 ended without saving its final results, and "
+            "its last save held no step") in text, describe(under)
+    assert under.stderr.splitlines()[-1] == (
+        f"perfrun: results saved in {run_dir_of(log)} are incomplete: rank 0 ended without "
+        "saving its final results: the steps after its last save are not in them")
 
 
 # -- step files damaged after the run ----------------------------------------------------------

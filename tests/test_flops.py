@@ -24,8 +24,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from perfrun.analysis.build import build_report
 from perfrun.analysis.flops import (
+    COST_SHARE,
     achieved,
     counted_step,
+    counted_step_note,
     flops_summary,
     job_rates,
     median_step,
@@ -39,6 +41,7 @@ from perfrun.runtime.flops import (
     DEFAULT_STEP,
     FlopCounter,
     causal_fraction,
+    counting_mode,
     custom_mapping,
 )
 from perfrun.runtime.flops import (
@@ -231,6 +234,69 @@ def test_a_run_too_short_says_so(hooked: SimpleNamespace) -> None:
     result = hooked.counter.result()
     assert not result["counted"] and result["step"] is None
     assert result["reason"] == "the run ended before step 1"
+
+
+def test_the_mode_s_dynamo_wrapper_is_handed_its_plain_function_for_the_step() -> None:
+    """torch wraps every dispatch mode's `__torch_dispatch__` in
+    `_disable_dynamo`, which imports Dynamo at its first call unless the
+    function carries the one to call: perfrun gives it the plain one for
+    its step, where Dynamo is not imported, and takes it back after."""
+    import sys
+
+    from perfrun.runtime.flops import _skip_dynamo_import
+
+    def plain(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return getattr(plain, "__dynamo_disable", None)
+
+    wrapper.__wrapped__ = plain  # type: ignore[attr-defined]
+    mode = type("Mode", (), {"__torch_dispatch__": wrapper})
+    undo = _skip_dynamo_import(mode)
+    assert undo is not None and wrapper() is plain
+    undo()
+    assert wrapper() is None and "__dynamo_disable" not in plain.__dict__
+    # Made already (torch's own, Dynamo imported), or no wrapper: untouched.
+    plain.__dynamo_disable = len  # type: ignore[attr-defined]
+    assert _skip_dynamo_import(mode) is None and wrapper() is len
+    assert _skip_dynamo_import(type("Old", (), {"__torch_dispatch__": plain})) is None
+
+    # The real mode counts what torch's does, and is left as it was.
+    model = nn.Linear(32, 8)
+    x = torch.randn(16, 32)
+    had = "torch._dynamo" in sys.modules
+    entered, undo = counting_mode(custom_mapping(torch))
+    try:
+        model(x).sum().backward()
+    finally:
+        entered.__exit__(None, None, None)
+        if undo is not None:
+            undo()
+    assert (undo is None) == had
+    assert entered.get_total_flops() == 2 * 2 * 16 * 32 * 8
+    from torch.utils import flop_counter
+
+    cls = getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode)
+    wrapped = getattr(cls.__dict__["__torch_dispatch__"], "__wrapped__", None)
+    if wrapped is not None and not had:
+        assert "__dynamo_disable" not in wrapped.__dict__
+
+
+def test_the_counted_step_s_note_names_no_flops_where_it_stretched_the_run() -> None:
+    # 20 ms more than a 10 ms step, in a run of 1,000 steps: 0.2%.
+    note = counted_step_note(1, 0.020, 0.010, 1000)
+    assert note == ("FLOPs counted on step 1 (torch's FlopCounterMode, 20.0 ms slower than "
+                    "the median step); that step is left out of the statistics")
+    # 2 s more, 200 steps of 20 ms: a third of the run's time in steps.
+    note = counted_step_note(1, 2.0, 0.020, 200)
+    assert ("2000.0 ms slower than the median step: 33% of this run's time in steps; "
+            "--no-flops runs without the count") in note
+    assert "--no-flops" not in counted_step_note(1, 0.0999, 0.001, 1000)
+    assert "--no-flops" in counted_step_note(1, 0.112, 0.001, 1000)
+    assert COST_SHARE == 0.1
+    assert "slower" not in counted_step_note(3, None, 0.01, 10)
+    assert "slower" not in counted_step_note(3, -0.001, 0.01, 10)
 
 
 def test_the_counted_step_avoids_the_profiled_steps() -> None:
@@ -456,9 +522,10 @@ def test_gpu_report_has_mfu_and_says_against_what() -> None:
     rank = flops_rank(rows(n=12, gpu=True), section("cuda"), settings={"warmup": 0})
     report = build_report(make_run([rank]))
     model = next(b for b in blocks(report) if getattr(b, "key", None) == "model")
-    assert [c.header for c in model.columns[-2:]] == ["Achieved TFLOP/s", "MFU(%)"]
+    # 6 GFLOP in 100 ms on an H100: in GFLOP/s, as 0.06 TFLOP/s reads as nothing.
+    assert [c.header for c in model.columns[-2:]] == ["Achieved GFLOP/s", "MFU(%)"]
     step = model.rows[0]
-    assert step[-2] == "0.06" and step[-1] == "0.0"  # 6 GFLOP in 100 ms on an H100
+    assert step[-2] == "60.00" and step[-1] == "0.0"
     assert any("H100 SXM bf16 peak of 989.4 dense TFLOP/s" in line for line in model.footer)
     assert any("bfloat16 (autocast)" in line for line in model.footer)
     # --peak-tflops, as the run recorded it.

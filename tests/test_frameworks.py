@@ -25,22 +25,29 @@ b. perfrun records exactly the framework's optimizer steps;
 c. every step is its phases plus a non-negative Others (check_rank);
 d. evaluation is neither steps nor samples, and the Eval extra counts the
    framework's evaluation passes and batches;
-e. a detailed window changes neither the Reader Ratio (by 2 points at most)
-   nor the advice;
+e. a detailed window changes neither the Reader Ratio nor the advice: the
+   window run's Reader Ratio is its own timer's, over its step rows with
+   the profiled steps left out; perfrun's own work at the window's edges
+   is out of every step; and the window run has no advice the run without
+   it lacks;
 f. in the window, the Overview and the Model Summary agree on each phase's
    calls and time.
 
-e and f compare times, between whole runs or between the trace and perfrun's
-clock: on a shared machine with other tests running beside them, load alone
-can move a pair of runs past the limits now and then. When the first pair
-fails e or f, a second pair (perfrun, perfrun with a window) is run and the
-check fails only if it fails there too, with both pairs' figures: a fault of
-perfrun's shows in every pair.
+e holds the window run's Reader Ratio to its own rows, not to the other
+run's: the Reader Ratios of two whole runs differed by 3 to 5 points on a
+busy machine (19.8% against 16.9%, 27.3% against 21.9%), each run's share
+set by where the time slices it loses land; for the same reason a verdict
+on a share within a few points of its threshold may differ between the two
+runs. e's advice and f (two clocks of one run) may still meet the load:
+when the first pair fails either, a second pair (perfrun, perfrun with a
+window) is run and the check fails only if it fails there too, with both
+pairs' figures: a fault of perfrun's shows in every pair.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +55,7 @@ from typing import Callable
 
 import pytest
 from conftest import PerfrunRun, RunPerfrun, e2e_environment
+from oracle import step_time
 from test_e2e_training import check_rank
 
 from perfrun.store.stepfile import COL
@@ -69,8 +77,10 @@ FRAMEWORK_ENV = {
     "OMP_NUM_THREADS": "1",
 }
 
-#: The Reader Ratio of a run with a window against one without (fraction).
-READER_RATIO_TOLERANCE = 0.02
+#: Float noise in a ratio of sums over a hundred-odd steps, and in a sum
+#: of times stored to 0.1 us.
+RATIO_SLACK = 1e-9
+FLOAT_SLACK = 1e-6
 #: Window Overview against window Model Summary, per phase.
 TIME_REL_TOLERANCE = 0.05
 TIME_ABS_TOLERANCE = 50e-6
@@ -240,21 +250,63 @@ def check_window_keeps_reader_ratio_and_advice(stack: Stack, runs: StackRuns) ->
     plain = finished(runs.plain).report()
     window = finished(runs.window).report()
     assert window["title"]["window"] == list(stack.window)
-    ratio, windowed = plain["perf"]["reader_ratio"], window["perf"]["reader_ratio"]
-    assert windowed == pytest.approx(ratio, abs=READER_RATIO_TOLERANCE), (
-        f"Reader Ratio {100 * ratio:.3f}% without a window, {100 * windowed:.3f}% with "
-        f"{stack.window}; batch_cost avg {1e3 * plain['perf']['batch_cost']['avg']:.3f} ms "
-        f"against {1e3 * window['perf']['batch_cost']['avg']:.3f} ms, max "
-        f"{1e3 * plain['perf']['batch_cost']['max']:.3f} ms against "
-        f"{1e3 * window['perf']['batch_cost']['max']:.3f} ms"
+    # The window run's Reader Ratio is its timer's, over its own step rows
+    # less the warm-up, the profiled steps (the profiler's warm-up step and
+    # the window) and the FLOP-counted step: the window adds none of its
+    # steps to it. Held to the run's own rows, not to the run without a
+    # window: two whole runs on a busy machine differ by where the time
+    # slices each loses land (3 to 5 points, one run against another).
+    rank = runs.window.rank0()
+    profiled = rank.data["profiled"]
+    assert profiled == [stack.window[0] - 1, stack.window[1]], profiled
+    warmup = window["title"]["warmup"]
+    flops_step = (rank.data.get("flops") or {}).get("step")
+    rows = [row for i, row in enumerate(rank.rows)
+            if i >= warmup and not profiled[0] <= i < profiled[1] and i != flops_step]
+    assert len(rows) == window["title"]["steps_counted"] == window["perf"]["steps"]
+    fetching = math.fsum(row[COL["dataloader"]] for row in rows)
+    ratio = fetching / math.fsum(step_time(row) for row in rows)
+    assert window["perf"]["reader_ratio"] == pytest.approx(ratio, rel=RATIO_SLACK), (
+        f"Reader Ratio {100 * window['perf']['reader_ratio']:.3f}% in the report, "
+        f"{100 * ratio:.3f}% from the window run's rows outside {profiled}"
     )
+    # perfrun's own work at the window's edges (the profiler's start, its
+    # stop and the trace's export, 0.1 s and more) is set aside in the
+    # steps it fell in, not left in their phases or their time.
+    own = rank.data["extra"]["profiler"]
+    set_aside = math.fsum(row[COL["excluded"]] or 0.0 for row in rank.rows)
+    assert own["calls"] >= 2 and own["time"] > 0, own
+    assert set_aside >= own["time"] - FLOAT_SLACK, (set_aside, own)
     kinds = {a["kind"] for a in plain["advice"]}
     # "unstable-timing" reads the spread of the run's own steps, which on a
     # shared 2-core machine is the load's (a 27 ms step among 5 ms ones
-    # while other tests run): a verdict on the host, not on the window.
-    added = [a for a in window["advice"]
-             if a["kind"] not in kinds and a["kind"] != "unstable-timing"]
+    # while other tests run): a verdict on the host, not on the window. A
+    # share of the steps near its threshold lands either side of it from
+    # one run to the next.
+    added = [a for a in window["advice"] if a["kind"] not in kinds
+             and a["kind"] != "unstable-timing" and not near_its_threshold(a)]
     assert added == [], (sorted(kinds), added)
+
+
+#: How far apart two whole runs' shares of their steps (the Reader Ratio,
+#: Others) land on a busy machine, in points: lightning-auto's Others was
+#: 16.0% to 21.0% over four runs beside two busy processes (its threshold
+#: 20%), its Reader Ratio 19.8% to 23.0%.
+SHARE_SPREAD_POINTS = 5.0
+
+
+def near_its_threshold(advice: dict) -> bool:
+    """Advice on a share of the steps against a threshold (I/O-bound: the
+    Reader Ratio; CPU-bound on a CPU-only run: Others), the share within
+    SHARE_SPREAD_POINTS of it: a verdict another run could turn."""
+    evidence = advice["evidence"]
+    if advice["kind"] == "io-bound":
+        share, limit = 100 * evidence["reader_ratio"], 100 * evidence["threshold"]
+    elif advice["kind"] == "cpu-bound" and "others_ratio" in evidence and "gpus" not in evidence:
+        share, limit = evidence["others_ratio"], evidence["threshold"]
+    else:
+        return False
+    return abs(share - limit) <= SHARE_SPREAD_POINTS
 
 
 # -- f. the window's Overview agrees with its Model Summary ------------------------------
@@ -296,7 +348,16 @@ CHECKS: list[tuple[str, Callable[[Stack, StackRuns], None]]] = [
 TIMED_CHECKS = (check_window_keeps_reader_ratio_and_advice, check_window_overview_matches_model)
 
 
-@pytest.mark.parametrize("stack", [pytest.param(s, id=s.id) for s in STACKS])
+#: The stack that also runs under load (pytest -m timing --busy 2): the
+#: checks' physics is the same in every stack, and this one is the
+#: quickest (no framework to import).
+TIMING_STACK = "plain-closure"
+
+
+@pytest.mark.parametrize("stack", [
+    pytest.param(s, id=s.id, marks=[pytest.mark.timing] if s.id == TIMING_STACK else [])
+    for s in STACKS
+])
 def test_framework(
     stack: Stack,
     run_perfrun: RunPerfrun,
@@ -337,9 +398,10 @@ def test_framework(
                 check(stack, runs)
             except AssertionError as first:
                 # Two whole runs on a shared 2-core machine (pytest -n auto
-                # runs other tests beside them) can differ by more than the
-                # 2 points from load alone; perfrun's own fault shows in
-                # every pair. One more pair, then the verdict, with both.
+                # runs other tests beside them) can differ in their advice,
+                # and one run's two clocks by a lost time slice, from load
+                # alone; perfrun's own fault shows in every pair. One more
+                # pair, then the verdict, with both.
                 try:
                     check(stack, second_pair())
                 except AssertionError as second:

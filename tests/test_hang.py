@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import pytest
 from conftest import E2E_TIMEOUT, e2e_environment
 
@@ -27,6 +28,7 @@ from perfrun.launcher.hang import (
 )
 from perfrun.settings import Settings, SettingsError
 from perfrun.store.layout import HANG_FILE, stack_path
+from perfrun.store.stepfile import COL, STEP_COLUMNS, StepWriter
 
 NOW = 1_700_000_000.0
 
@@ -254,3 +256,63 @@ def test_the_report_fits_80_columns_and_keeps_the_stacks_as_they_are() -> None:
     joined = " ".join(line.strip() for line in lines)
     assert "rank 7 is in Optimization at step 1202" in joined
     assert "phase edges are handed over in batches" in joined
+
+
+# -- a rank of thousands of steps a second --------------------------------------------------
+
+
+def _steps_file(path: Path, n: int, step: float, start: float = 1.0) -> None:
+    """`n` steps of `step` seconds each, as a run writes them."""
+    rows = np.full((n, len(STEP_COLUMNS)), np.nan)
+    rows[:, COL["start"]] = start + step * np.arange(n)
+    rows[:, COL["end"]] = rows[:, COL["start"]] + step
+    writer = StepWriter(str(path), STEP_COLUMNS)
+    writer.append_held(rows.reshape(-1), n)
+    writer.close()
+
+
+def test_a_fast_rank_is_placed_by_its_step_and_pace_not_a_phase(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank of 3,000 steps a second was in Backward for a millisecond when
+    it saved: "Backward at step 60953 for 1.7 s" said how old the save was.
+    Its step and pace say where it is; the phase is said of a rank held in
+    it, fast or not."""
+    run = tmp_path / "run"
+    run.mkdir()
+    fast = rank_doc(0, 60_953, "backward", since=NOW - 1.7, count=60_953)
+    fast["position"]["written_unix"] = NOW - 1.699  # a millisecond into Backward
+    fast["steps"]["file"] = "rank0.steps"
+    _steps_file(run / "rank0.steps", 200, 1 / 3000)
+    held = rank_doc(1, 60_950, "forward", since=NOW - 30, count=60_950)
+    held["steps"]["file"] = "rank1.steps"  # fast steps, but 30 s in Forward now
+    _steps_file(run / "rank1.steps", 200, 1 / 3000)
+    write(run, [fast, held])
+    p0, p1 = read_positions(str(run), pace=True)
+    assert p0.rate == pytest.approx(3000) and p0.step_time == pytest.approx(1 / 3000)
+    assert p0.moving() and not p1.moving()
+    assert p0.place(NOW) == "at step 60953, 3,000 steps/s"
+    assert p1.place(NOW) == "Forward at step 60950 for 30.0 s"
+    # Without its pace (the hang watch reads none), where it was, as before.
+    assert read_positions(str(run))[0].place(NOW) == "Backward at step 60953 for 1.7 s"
+
+    monkeypatch.setattr(time, "time", lambda: NOW)
+    assert cli.main(["status", str(run)]) == ExitCode.OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "rank 0   running   at step 60953, 3,000 steps/s  (saved 2 s ago)"
+    assert out[2] == "rank 1   running   Forward at step 60950 for 30.0 s  (saved 1 s ago)"
+    # The odd one out is looked for among the ranks held in a phase: one.
+    assert len(out) == 3 and all(len(line) <= 80 for line in out[1:])  # [0]: the folder
+
+
+def test_status_lays_its_note_out_in_80_columns_in_a_pipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    run = tmp_path / "run"
+    write(run, [rank_doc(0, 3, "backward", buffered=True, timer_only=True)])
+    assert cli.main(["status", str(run)]) == ExitCode.OK
+    out = capsys.readouterr().out.splitlines()
+    note = out[out.index(next(line for line in out if line.startswith("(timer-only"))):]
+    assert len(note) == 2 and note[1].startswith(" the ranks") and note[1].endswith("saves)")
+    assert all(len(line) <= 80 for line in out[1:])  # [0]: the folder, a path

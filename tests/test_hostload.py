@@ -126,6 +126,7 @@ def spin(seconds: float) -> subprocess.Popen[bytes]:
 
 @pytest.mark.slow
 @linux
+@pytest.mark.timing
 def test_the_job_is_the_roots_process_tree() -> None:
     # The sampler's root is this process: a busy child is the job's, not
     # another process's, and perfrun's own sampling is its launcher time.
@@ -144,6 +145,7 @@ def test_the_job_is_the_roots_process_tree() -> None:
 
 @pytest.mark.slow
 @linux
+@pytest.mark.timing
 def test_a_busy_process_outside_the_tree_is_another_process() -> None:
     # Root the sampler at a sleeping child: the spinner (this process's
     # other child) is then outside the job.

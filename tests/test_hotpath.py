@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -252,28 +253,86 @@ def test_install_and_uninstall_leave_torch_as_it_was() -> None:
     assert torch.multiprocessing.start_processes is spawn_module.start_processes
 
 
-def test_steps_on_another_thread_are_not_timed_but_said() -> None:
-    """perfrun times the thread that runs the script: a thread of the
-    script's that trains adds no event, only a note, once."""
-    import threading
+def _train_on_thread(name: str, steps: int) -> None:
+    thread = threading.Thread(target=train, args=(Net(blocks=1), steps), name=name)
+    thread.start()
+    thread.join()
 
+
+def test_a_loop_on_a_thread_of_its_own_is_timed_from_its_second_step() -> None:
+    """A script whose main thread only starts and joins the thread that
+    trains: that thread's steps are timed, from its second optimizer step
+    (the first shows which thread trains). Another thread's, while it
+    lives, are not, and the first such thread is named; once it has
+    ended, the thread that trains next is timed (here the main thread)."""
+    agent = make_agent(timer_only=False)
+    notes: list[str] = []
+    agent.note_once = lambda note: notes.append(note) if note not in notes else None
+    undo = hooks.install(torch, agent)
+    trained, release = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        train(Net(blocks=1), 5)
+        trained.set()
+        release.wait(60)
+
+    thread = threading.Thread(target=trainer, name="trainer")
+    try:
+        thread.start()
+        assert trained.wait(60)
+        assert notes == [hooks.thread_trained_note("trainer")] and agent.faults == []
+        agent.tracker.finish(agent.clock.now())
+        assert agent.tracker.committed == 4
+        # While the trainer lives, another thread's steps and the main
+        # thread's are not timed.
+        _train_on_thread("another", 3)
+        train(Net(blocks=1), 2)
+        agent.tracker.finish(agent.clock.now())
+        assert agent.tracker.committed == 4 and agent.faults == []
+        assert notes == [hooks.thread_trained_note("trainer"),
+                         hooks.thread_note("another", "trainer")]
+        assert "(trainer)" in notes[0] and "(trainer): another;" in notes[1]
+        release.set()
+        thread.join()
+        # The trainer has ended: the main thread's loop is timed, from its
+        # second step.
+        train(Net(blocks=1), 3)
+        agent.tracker.finish(agent.clock.now())
+        assert agent.tracker.committed == 6 and agent.faults == []
+        assert len(notes) == 2
+    finally:
+        release.set()
+        thread.join()
+        hooks.uninstall(undo)
+
+
+def test_steps_on_another_thread_after_the_main_one_trained_are_said() -> None:
+    """The script's main thread trains first: it is the one timed, and a
+    thread of the script's that trains after adds no event, only a note,
+    once."""
     agent = make_agent(timer_only=True)
     notes: list[str] = []
     agent.note_once = lambda note: notes.append(note) if note not in notes else None
     undo = hooks.install(torch, agent)
     try:
+        train(Net(blocks=1), 2)
+        agent.clock.drain()
+        done = agent.tracker.committed
         for name in ("trainer", "another"):
-            thread = threading.Thread(target=train, args=(Net(blocks=1), 3), name=name)
-            thread.start()
-            thread.join()
-        # No edge: only the optimizers' construction, which any thread's counts.
-        assert agent.clock.buf == [(OPTIM,), (OPTIM,)] and agent.faults == []
+            _train_on_thread(name, 3)
+        # No edge: only the optimizers' construction, which any thread's
+        # counts (the first thread's step replayed what was buffered, to
+        # see that the main thread had trained).
+        assert set(agent.clock.buf) == {(OPTIM,)} and agent.faults == []
+        agent.clock.drain()
+        assert agent.tracker.committed == done
         # One note, for the first such thread: a script may start many.
         assert notes == [hooks.thread_note("trainer")]
         assert "(trainer)" in notes[0]
-        # The same script's own steps, on its main thread, are timed.
+        # The main thread's own steps are still timed.
         train(Net(blocks=1), 2)
-        assert agent.clock.buf and notes == [hooks.thread_note("trainer")]
+        agent.clock.drain()
+        assert agent.tracker.committed > done and notes == [hooks.thread_note("trainer")]
     finally:
         hooks.uninstall(undo)
 

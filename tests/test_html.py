@@ -298,6 +298,27 @@ def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float,
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+def test_the_memory_charts_title_is_clear_of_plotlys_toolbar() -> None:
+    """Centred at the top, the chart's one long title line ran under the
+    toolbar plotly shows at the top right: it sits at the left, as every
+    chart's, in two lines, below the toolbar's row, in a margin of its own."""
+    rows = make_rows([{"forward": MS, "backward": 2 * MS}] * 200)
+    rank = make_rank(rows)
+    at = [int(1000 * r[1]) for r in rows[::20]]
+    rank.data["memory"] = {"limit": None, "children": {}, "process": {
+        "name": "main", "measure": "rss", "peak": 300 << 20,
+        "points": [[t, (300 << 20) + k] for k, t in enumerate(at)]}}
+    spec = page.memory_chart(build_report(make_run([rank]), series=True))
+    assert spec is not None
+    title, layout = spec["layout"]["title"], spec["layout"]
+    assert title["text"].startswith("Memory over the run<br><sup>")
+    assert (title["x"], title["xanchor"], title["yref"], title["yanchor"]) == (
+        0.01, "left", "container", "top")
+    # Its top below the toolbar's row; the plot below both of its lines.
+    assert (1.0 - title["y"]) * layout["height"] >= page.MODEBAR
+    assert layout["margin"]["t"] >= page.MODEBAR + 40
+
+
 def test_labels_that_would_overlap_are_told_apart() -> None:
     assert _overlap((60, 69, 125, 83), (74, 69, 306, 83))  # warm-up and window, one row
     assert not _overlap((60, 69, 125, 83), (74, 55, 306, 69))  # a row apart

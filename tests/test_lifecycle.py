@@ -22,13 +22,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
 from perfrun.exitcodes import ExitCode
 from perfrun.launcher.torchrun import argument_problem
-from perfrun.runtime.lifeline import ended_status
+from perfrun.runtime.lifeline import ended_status, raised_by_script
 from perfrun.store.rankfile import read_rank_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -280,18 +280,122 @@ def test_ctrl_c_of_a_script_marks_it_signalled(tmp_path: Path) -> None:
     assert "rank 0: killed by SIGINT after 3 steps" in flat(out)
 
 
+RAISE_INTERRUPT = SCRIPTS / "lifecycle_raise_interrupt.py"
+
+
+@pytest.mark.slow
+def test_a_keyboardinterrupt_the_script_raises_is_no_signal(tmp_path: Path) -> None:
+    """Issue 44: the script's own `raise KeyboardInterrupt` after 21 steps.
+    Python ends it by SIGINT all the same (a shell shows 130), and perfrun
+    ends the same way, with the script's output and traceback; the report
+    says it raised, not that a signal killed it."""
+    args = [str(RAISE_INTERRUPT), "--steps", "30", "--raise-at", "20"]
+    plain = subprocess.run([sys.executable, *args], env=environment(), capture_output=True,
+                           text=True, timeout=TIMEOUT)
+    assert plain.returncode == -signal.SIGINT, plain.stderr
+    run = Run(tmp_path, *args)
+    out, err = run.finish()
+    assert run.returncode == plain.returncode, err
+    assert out.startswith(plain.stdout)
+    assert plain.stderr.rstrip("\n") in err
+    data = rank_data(run_dir(tmp_path))
+    assert data["status"] == "finished"
+    assert data["exit"] == {"exception": "KeyboardInterrupt", "signal": None}
+    text = flat(out)
+    assert "rank 0: raised KeyboardInterrupt after 21 steps" in text, out
+    assert "killed" not in text and "SIGINT" not in text, out
+
+
+CATCH_STOP = SCRIPTS / "lifecycle_catch_stop.py"
+
+
+@pytest.mark.slow
+def test_a_stop_the_script_catches_is_said_with_what_ran_after(tmp_path: Path) -> None:
+    """Issue 44: --stop-after 10 on a loop that catches BaseException: the
+    script swallows perfrun's SystemExit and trains on to its end. Its
+    output and status are its own; the report holds the 10 steps before
+    the stop and says the script caught it and made 29 more steps."""
+    run = Run(tmp_path, "--stop-after", "10", str(CATCH_STOP), "--steps", "40")
+    out, err = run.finish()
+    assert run.returncode == 0, err
+    assert "step 10: SystemExit caught, carrying on" in out
+    assert "trained 39 steps" in out
+    data = rank_data(run_dir(tmp_path))
+    assert data["status"] == "stopped"
+    assert len(data["steps"]["rows"]) == 10
+    text = flat(out)
+    assert re.search(r"Steps: \d+ counted of 10 recorded", text), out
+    assert ("--stop-after 10: perfrun ended the script after 10 steps (SystemExit(0)), but the "
+            "script caught it and trained on: 29 more optimizer steps ran after the stop, "
+            "which perfrun did not record; the results hold the 10 steps before it") in text
+
+
+def _raised(fn: Callable[[], object]) -> BaseException:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the test's own
+        return exc
+    raise AssertionError("nothing raised")
+
+
+def _raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize(
     "last, status, exit_signal",
     [
         (None, "finished", None),
         (ValueError("bad"), "finished", None),
         (KeyboardInterrupt(), "signalled", signal.SIGINT),
+        # The script's own `raise KeyboardInterrupt`: no signal killed it.
+        (_raised(_raise_keyboard_interrupt), "finished", None),
     ],
 )
 def test_ended_status(last: Optional[BaseException], status: str, exit_signal: object) -> None:
     exit_info: dict = {"exception": None, "signal": None}
     assert ended_status(last, exit_info) == status
     assert exit_info["signal"] == exit_signal
+
+
+def test_a_keyboardinterrupt_is_told_from_a_signal_by_where_it_was_raised() -> None:
+    """Python's SIGINT handler raises where the interpreter checks for
+    signals (here, the call that sent it), never at a `raise` statement,
+    unless the script's own handler raises it; a KeyboardInterrupt raised
+    while handling the signal's is the signal's too."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:
+        pytest.skip("signal handlers can only be set from the main thread")
+    try:
+        assert raised_by_script(_raised(_raise_keyboard_interrupt))
+        assert raised_by_script(_raised(lambda: _raised_in_call()))
+        by_signal = _raised(lambda: signal.raise_signal(signal.SIGINT))
+        assert isinstance(by_signal, KeyboardInterrupt) and not raised_by_script(by_signal)
+
+        def convert() -> None:
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt as exc:
+                raise KeyboardInterrupt("stop") from exc
+
+        assert not raised_by_script(_raised(convert))
+
+        def handler(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, handler)
+        assert not raised_by_script(_raised(lambda: signal.raise_signal(signal.SIGINT)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not raised_by_script(KeyboardInterrupt())
+
+
+def _raised_in_call() -> None:
+    def inner() -> None:
+        raise KeyboardInterrupt("from a function")
+
+    inner()
 
 
 # -- a script that replaces itself at its end ------------------------------------------------

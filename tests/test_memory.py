@@ -99,7 +99,66 @@ def test_a_flat_run_a_single_jump_and_small_growth_are_not_creep() -> None:
     # Growth that stops after the first third: not steady.
     plateau = [(s, int((400 + min(s, 300) * 0.5) * MIB)) for s in range(0, 1000, 10)]
     assert creep(plateau) is None
-    assert creep(line(range(0, 70, 10), 0, MIB)) is None  # too few points
+    assert creep(line(range(0, 20, 10), 0, MIB)) is None  # too few points
+    assert creep(line(range(0, 15, 5), 0, 8 * MIB)) is None  # over too few steps
+
+
+def test_a_short_run_s_steady_growth_is_creep() -> None:
+    """A DataLoader worker of a short run, read at each flush: 50 -> 194 MiB
+    in four readings (a cache filled in `__getitem__`)."""
+    worker = [(40, 50 * MIB), (120, 98 * MIB), (200, 146 * MIB), (280, 194 * MIB)]
+    c = creep(worker)
+    assert c is not None
+    assert c.per_1000_steps == pytest.approx(600 * MIB, rel=1e-3)
+    assert (c.first_step, c.last_step) == (40, 280)
+    # Three readings are enough; a noisy but rising series too.
+    assert creep(worker[1:]) is not None
+    noisy = [(40, 50 * MIB), (120, 110 * MIB), (200, 135 * MIB), (280, 194 * MIB)]
+    assert creep(noisy) is not None
+    # Seven readings, 0 -> 60 MiB: below CREEP_MIN_POINTS, the short rule's.
+    assert creep(line(range(0, 70, 10), 0, MIB)) is not None
+
+
+def test_a_short_run_that_allocates_once_or_grows_a_little_is_not_creep() -> None:
+    steps = range(40, 360, 80)  # four readings
+    flat = [(s, 50 * MIB + (s % 3) * 200_000) for s in steps]
+    assert creep(flat) is None
+    # Loads its data once (a file opened lazily in the worker), then flat.
+    for at in range(1, 4):
+        jump = [(s, (50 if k < at else 194) * MIB) for k, s in enumerate(steps)]
+        assert creep(jump) is None, at
+    # Fills, then stops: growth between the last two readings is missing.
+    plateau = [(40, 50 * MIB), (120, 120 * MIB), (200, 190 * MIB), (280, 191 * MIB)]
+    assert creep(plateau) is None
+    # Under CREEP_MIN_BYTES (30 MiB), and under a quarter of the start (a
+    # rank's 300 -> 360 MiB: the long rule's 5% needs more readings).
+    assert creep([(s, int((14 + (s - 40) / 320 * 40) * MIB)) for s in steps]) is None
+    assert creep([(s, int((300 + (s - 40) / 320 * 80) * MIB)) for s in steps]) is None
+    assert creep(line(range(100, 1100, 20), 300 * MIB, 0.06 * MIB)) is not None
+
+
+def test_one_reading_is_neither_flat_nor_creep() -> None:
+    """A worker read once (it lived through one flush): the table says so."""
+    from perfrun.report.memory_blocks import memory_block
+
+    steps = ([k * 0.01 for k in range(500)], 5.0)
+    once = [[2500, 60 * MIB]]
+    flat = [[10 * s, 500 * MIB] for s in range(0, 500, 10)]
+    section = {
+        "limit": 16 << 30,
+        "process": {"name": "main", "measure": "rss", "peak": 500 * MIB, "points": flat},
+        "children": {"101": {"name": "child process", "measure": "uss", "peak": 0,
+                             "points": once}},
+    }
+    summary = memory_summary([(0, section, steps)], 3, {101: "DataLoader 0 worker"})
+    assert summary is not None
+    rank, worker = summary.processes
+    assert (rank.judged, rank.steady, rank.creep) == (True, 45, None)
+    assert (worker.judged, worker.steady, worker.samples, worker.creep) == (False, 1, 1, None)
+    assert worker.to_dict()["judged"] is False
+    rows = memory_block(summary).rows
+    assert rows[0][-1] == "no creep"
+    assert rows[1][-1] == "too few samples"
 
 
 def test_the_warm_up_and_the_first_tenth_are_not_steady() -> None:
@@ -212,6 +271,37 @@ def test_dataloader_workers_copying_python_objects_creep(run_perfrun: RunPerfrun
     assert flat.returncode == 0, flat.describe()
     report = flat.report()
     assert [p["kind"] for p in report["memory"]["processes"]].count("DataLoader 0 worker") == 2
+    assert creeping(report) == []
+
+
+@pytest.mark.slow
+def test_a_cache_filled_in_getitem_creeps_in_a_short_run(run_perfrun: RunPerfrun) -> None:
+    """A few hundred steps, a few seconds: each of two workers caches the
+    samples it decodes (about 130 MiB by the end) and is flagged; the same
+    workers loading their table once, at their first sample, are not."""
+    if not os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"):
+        pytest.skip("a worker's private memory needs /proc/PID/smaps_rollup")
+    script = str(SCRIPTS / "mem_cache.py")
+    run = run_perfrun("--flush-interval", "0.5", script)
+    assert run.returncode == 0, run.describe()
+    report = run.report()
+    workers = [p for p in report["memory"]["processes"] if p["kind"] == "DataLoader 0 worker"]
+    assert len(workers) == 2
+    assert creeping(report) == workers
+    cached = printed(run.out, "CACHED_BYTES")
+    for w in workers:
+        assert w["judged"] and w["steady_samples"] >= 3
+        c = w["creep"]
+        # The line over the steady steps: most of what the cache took.
+        assert 0.5 * cached < c["last"] - c["first"] < 1.5 * cached
+    (advice,) = [a for a in report["advice"] if a["kind"] == "memory-creep"]
+    assert "a cache filled in __getitem__" in " ".join(advice["actions"])
+
+    once = run_perfrun("--flush-interval", "0.5", script, "--load-once")
+    assert once.returncode == 0, once.describe()
+    report = once.report()
+    workers = [p for p in report["memory"]["processes"] if p["kind"] == "DataLoader 0 worker"]
+    assert len(workers) == 2 and all(w["judged"] for w in workers)
     assert creeping(report) == []
 
 

@@ -81,7 +81,14 @@ def test_spaces_inside_a_line_are_kept_as_written() -> None:
     info = "time unit: us   per batch over 144 fetches   a batch: 2 tensors, 16.5 KiB"
     assert prose.wrap(info, 120) == [info]
     lines = prose.wrap(info, 40, "", "  ")
-    assert lines[0] == "time unit: us   per batch over 144"  # no trailing spaces
+    # A line of facts breaks between its fields, each whole where it fits.
+    assert lines == ["time unit: us", "  per batch over 144 fetches",
+                     "  a batch: 2 tensors, 16.5 KiB"]
+    assert prose.wrap(info, 48, "", "  ") == [
+        "time unit: us   per batch over 144 fetches", "  a batch: 2 tensors, 16.5 KiB"]
+    # A field longer than a line breaks between its own units.
+    lines = prose.wrap(info, 20, "", "  ")
+    assert max(len(line) for line in lines) <= 20 and "16.5 KiB" in lines[-1]
     assert all(not line.endswith(" ") for line in lines)
 
 

@@ -237,7 +237,9 @@ def test_the_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
     pinned = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text())
     assert pinned and f"torch=={pinned.group(1)} " in first
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    [ran] = [line for line in ci.splitlines() if "pytest" in line and not line.startswith("#")]
+    # The first pytest line; the one after it is the loaded pass of the
+    # `timing` tests (Contributing).
+    ran, *_ = [line for line in ci.splitlines() if "pytest" in line and not line.startswith("#")]
     assert ran.replace("pip install -q ", "pip install ") == second
     for said in ("Lightning", "transformers", "accelerate", "26 minutes"):
         assert said in quick, said
@@ -256,6 +258,12 @@ def test_usage_is_near_the_top_and_the_long_reference_is_in_docs() -> None:
     # The fast loop and its time are said where contributors look.
     contributing = _section(text, "Contributing")
     assert 'python -m pytest -q -m "not slow"' in contributing and "45 s" in contributing
+    # So are the load-sensitive tests' loaded pass and its time, the command
+    # CI runs after the suite.
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    _, *loaded = [line for line in ci.splitlines() if "pytest" in line and not line.startswith("#")]
+    assert loaded == ["python -m pytest -q -m timing --busy 2"], loaded
+    assert f"\n{loaded[0]}\n" in contributing and "PERFRUN_TEST_BUSY" in contributing
 
 
 def _anchors(doc: Path) -> set[str]:

@@ -228,10 +228,15 @@ def _table_text(report: Report, width: int) -> str:
     return stream.getvalue()
 
 
-def test_table_in_a_pipe_has_no_escape_codes_and_fixed_width() -> None:
+def test_table_in_a_pipe_has_no_escape_codes_and_fixed_width(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
     stream = io.StringIO()
     console = make_console(stream)
-    assert console.width == 120 and console.color_system is None
+    assert console.width == 80 and console.color_system is None
+    monkeypatch.setenv("COLUMNS", "132")  # as on a terminal, COLUMNS wins
+    assert make_console(io.StringIO()).width == 132
     render_table(build_report(_gpu_multi_rank_run()), console)
     text = stream.getvalue()
     assert "\x1b" not in text

@@ -195,11 +195,21 @@ def test_keep_prunes_when_a_run_starts(tmp_path: Path) -> None:
         text=True, timeout=E2E_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr
-    notes = [line for line in proc.stderr.splitlines() if "removed" in line]
-    assert notes == [
+    # Laid out at 80 columns in a pipe, with a hanging indent (prose.note_for_stream).
+    assert (
         f"perfrun: note: removed 1 old run from {log} (20250101-000000-0): keeping the newest "
         "2 with steps, runs without steps first to go (--keep N to change, --keep 0 keeps all)"
-    ]
+    ) in flat(proc.stderr)
+    lines = proc.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("perfrun: note: removed"))
+    note = lines[start:start + 1]
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        note.append(line)
+    assert len(note) > 1 and note[-1].endswith("keeps all)"), note
+    # A line runs past 80 only where a path alone is longer.
+    assert all(len(line) <= 80 or " " not in line.strip() for line in note), note
     names = sorted(p.name for p in log.iterdir() if not p.is_symlink())
     assert len(names) == 3 and names[:2] == ["20250102-000000-1", "20250103-000000-2"], names
 

@@ -48,6 +48,7 @@ def test_slow_rank_is_the_culprit_and_the_other_its_victim(tmp_path: Path, phase
     assert len(slow) == 1 and slow[0]["evidence"]["rank"] == 1, advice
 
 
+@pytest.mark.timing
 def test_healthy_run_has_no_culprit(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.mkdir()

@@ -159,3 +159,36 @@ def test_watch_follows_a_two_rank_run_live_and_leaves_the_final_tables(tmp_path:
             stop.touch()
             run.wait(timeout=60)
         term.close()
+
+
+def test_a_fast_rank_is_where_its_steps_say_and_a_held_one_is_named() -> None:
+    """A rank of thousands of steps a second, a millisecond into Backward
+    when it saved: its phase is one instant of thousands and the seconds
+    since it the save's age ("Backward at step 60953 (1.7 s)"); the table's
+    Steps and St/s say where it is. A rank held in a phase is named."""
+    import time as clock
+
+    from rich.console import Console
+
+    now = clock.time()
+    fast = make_rank(make_rows([{"forward": MS / 8, "backward": MS / 8}] * 200), rank=0,
+                     world_size=2, status="running", hostname="elsewhere")
+    fast.data["position"] = {"step": 60953, "phase": "backward", "since_unix": now - 1.7,
+                             "step_since_unix": now - 1.7, "written_unix": now - 1.699,
+                             "buffered": False}
+    held = make_rank(make_rows([{"forward": MS / 8, "backward": MS / 8}] * 200), rank=1,
+                     world_size=2, status="running", hostname="elsewhere")
+    held.data["position"] = {"step": 60950, "phase": "forward", "since_unix": now - 30,
+                             "step_since_unix": now - 30, "written_unix": now - 1,
+                             "buffered": False}
+    snap = watch.snapshot(make_run([fast, held], meta={"pid": 1, "host": "elsewhere"}),
+                          with_advice=False)
+    zero, one = snap.ranks
+    assert zero.moving and zero.where == f"at step 60953, {zero.rate:,.0f} steps/s"
+    assert not one.moving and one.where.startswith("Forward at step 60950 for 3")
+    console = Console(width=80, record=True, file=__import__("io").StringIO())
+    console.print(watch.render_snapshot(snap))
+    text = console.export_text()
+    now_lines = [line for line in text.splitlines() if line.startswith("Now:")]
+    assert now_lines == [f"Now: 1: {one.where}"], text
+    assert all(len(line) <= 80 for line in text.splitlines())

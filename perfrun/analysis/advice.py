@@ -58,7 +58,7 @@ from perfrun.analysis.device import DeviceSummary
 from perfrun.analysis.memory import MemorySummary
 from perfrun.analysis.pipeline import PipelineSummary
 from perfrun.analysis.ranks import RANK_QUANTITIES, MultiRankSummary
-from perfrun.analysis.stats import duration, size
+from perfrun.analysis.stats import duration, size, times
 from perfrun.analysis.straggler import ranks_phrase
 from perfrun.analysis.summary import PHASE_TITLES, ModelSummary, PerfSummary, forward_unseen
 from perfrun.store.schema import as_finite, as_int
@@ -824,10 +824,10 @@ def unstable_timing(inp: AdviceInputs) -> list[Advice]:
     }
     cv_part = f"coefficient of variation {cv:.2f} (stdev {duration(stdev)} over avg {duration(avg)}"
     cv_part += f"; above {UNSTABLE_CV})" if cv > UNSTABLE_CV else ")"
-    spike_part = f"slowest step {duration(peak)}, {spike:.1f}x the median {duration(median)}"
+    spike_part = f"slowest step {duration(peak)}, {times(spike)} the median {duration(median)}"
     spike_part += f" (above {UNSTABLE_SPIKE:g}x)" if spike > UNSTABLE_SPIKE else ""
     message = (
-        f"step times vary over the {stats.n} counted steps: {cv_part}; {spike_part}. "
+        f"step times vary over the {stats.n:,} counted steps: {cv_part}; {spike_part}. "
         "Averages and comparisons of such a run are unreliable."
     )
     actions = ["look for periodic work (evaluation, checkpointing, logging, garbage collection)"]

@@ -22,7 +22,7 @@ from perfrun.analysis.allocator import devices_memory
 from perfrun.analysis.columns import Quantities
 from perfrun.analysis.device import device_summary
 from perfrun.analysis.disturbed import Flag, flags_of, host_evidence
-from perfrun.analysis.flops import FlopsSummary, counted_step, flops_summary
+from perfrun.analysis.flops import FlopsSummary, counted_step, counted_step_note, flops_summary
 from perfrun.analysis.memory import MemorySummary, StepStarts, memory_summary
 from perfrun.analysis.pipeline import PipelineSummary, loader_pipeline
 from perfrun.analysis.rankpass import (
@@ -43,6 +43,7 @@ from perfrun.analysis.ranks import (
     steps_phrase,
     straggler_of,
     straggler_steps,
+    unsaved_steps,
 )
 from perfrun.analysis.report import ExtraRow, Fault, Report, Title
 from perfrun.analysis.selection import (
@@ -69,7 +70,7 @@ from perfrun.store.baseline import READ, batch_size, fingerprint
 from perfrun.store.childfile import read_children
 from perfrun.store.layout import rank_stem
 from perfrun.store.pipelinefile import loader_files
-from perfrun.store.rankfile import RankResult
+from perfrun.store.rankfile import PROFILING_DISABLED, RankResult
 from perfrun.store.results import BOOTSTRAP_HINT, NO_TORCH, RunResults
 from perfrun.store.schema import as_finite, as_int, finite_or_zero
 from perfrun.store.stepfile import COL
@@ -185,20 +186,56 @@ def _sections(ref: Optional[RankResult]) -> dict[str, bool]:
     return sections
 
 
-def _no_measurement(run: RunResults, children: Optional[Children] = None) -> Optional[str]:
+def _no_measurement(run: RunResults, children: Optional[Children] = None,
+                    alive: Iterable[int] = ()) -> Optional[str]:
+    """Why there is nothing to summarise, or None. Only what is known: a
+    rank whose saves failed did run steps (its final save counts them), and
+    one that had imported torch and ended without its final save may have
+    (its file is a periodic save, which may predate its steps), so neither
+    is "no training loop"."""
     if not run.ranks:
         return "no rank wrote results"
     if any(r.n_steps for r in run.ranks):
         return None
+    unsaved = unsaved_steps(run.ranks, run_endings(run), alive)
+    if unsaved is not None and unsaved.steps:
+        if unsaved.ran == unsaved.steps:
+            why = f" ({unsaved.reason})" if unsaved.reason else ""
+            return f"none of the {unsaved.ran:,} steps that ran could be saved{why}"
+        return f"no step was saved: {unsaved.sentence()}"
+    live = set(alive)
+    cut = [r.rank for r in run.ranks if r.status == "running" and r.rank not in live
+           and r.data.get("torch_imported")]
     if children is not None and children.steps:
         # Training ran, where perfrun counts it but does not profile it.
         return (f"no training loop in the script's own process: {children.steps} optimizer "
                 f"steps ran in {children.trained} {_processes(children.trained)} it started "
                 f"({children.who}), which perfrun counts but does not profile (Child "
                 "processes, under Outside the steps)")
+    if cut:
+        who = ("rank " if len(cut) == 1 else "ranks ") + ",".join(str(r) for r in cut)
+        its = "its" if len(cut) == 1 else "their"
+        return (f"no step was saved: {who} ended without saving {its} final results, and "
+                f"{its} last save held no step (whether it trained is not known: Ranks with "
+                "problems says how it ended)")
+    disabled = _disabled(run.ranks)
+    if disabled is not None:
+        return disabled
     if not any(r.data.get("torch_imported") for r in run.ranks):
         return _before_torch(run.ranks) or NO_TORCH
     return "no PyTorch training loop was seen: no forward, backward or optimizer step ran"
+
+
+def _disabled(ranks: Sequence[RankResult]) -> Optional[str]:
+    """A rank that could not start profiling when the script imported torch
+    (runtime/lite.py: a full disk, say) trained unseen: its fault says why,
+    and no step of it was recorded, which is not "no training loop"."""
+    for rank in ranks:
+        for f in rank.data.get("faults") or []:
+            if isinstance(f, Mapping) and f.get("where") == PROFILING_DISABLED:
+                return (f"no step was recorded: profiling was disabled on rank {rank.rank} when "
+                        f"the script imported torch ({f.get('error')})")
+    return None
 
 
 def _before_torch(ranks: list[RankResult]) -> Optional[str]:
@@ -306,7 +343,7 @@ def build_report(
     )
     report = Report(title=title, sections=_sections(ref))
     children = _children(run.run_dir, ref) if ref is not None else None
-    report.problem = _no_measurement(run, children)
+    report.problem = _no_measurement(run, children, alive)
     report.notes = _notes(ranks)
     if report.problem == NO_TORCH:
         report.notes.append(BOOTSTRAP_HINT)
@@ -319,6 +356,7 @@ def build_report(
     read = _read_ranks(run, ref, warmup, exclude_window, steps, window, multi, series,
                        gate_window=(title.window, title.window_excluded) if gate else None)
     endings = run_endings(run)
+    report.unsaved = unsaved_steps(ranks, endings, live)
     if multi:
         report.ranks = multi_rank_summary(ranks, warmup, run.missing, exclude_window, live,
                                           endings, run.first_failed,
@@ -616,12 +654,9 @@ def _flops(ref: RankResult, ranks: Sequence[RankResult], table: Any,
     except Exception:  # noqa: BLE001
         return None
     if summary is not None and summary.counted and summary.step is not None:
-        cost = summary.cost
-        slower = f", {cost * 1e3:.1f} ms slower than the median step" if cost and cost > 0 else ""
-        report.notes.append(
-            f"FLOPs counted on step {summary.step} (torch's FlopCounterMode{slower}); "
-            "that step is left out of the statistics"
-        )
+        whole = summary.rate("ProfileStep")
+        report.notes.append(counted_step_note(summary.step, summary.cost,
+                                              whole.seconds if whole else None, ref.n_steps))
         report.notes.extend(f"FLOPs: {note}" for note in summary.notes)
     return summary
 

@@ -18,6 +18,10 @@ them (this module imports nothing of it).
 * Several ranks: each rank's own rate and MFU, and the job's: the FLOPs of
   all ranks over the step time of the slowest rank (a synchronous job steps
   at its pace), over the sum of the ranks' peaks.
+* What counting cost: the counted step's time less the median step's
+  (`cost`), said in a note; where that is COST_SHARE of the run's time in
+  steps or more (a short run), the note says so with the figure and names
+  --no-flops, which runs without the count.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ import numpy as np
 
 from perfrun.analysis import columns, digest
 from perfrun.analysis.peaks import Peak, peak_for
+
+#: The share of a run's time in steps above which the counted step's extra
+#: time is said to stretch the run, and --no-flops named.
+COST_SHARE = 0.1
 
 #: (row name in the Model Summary, key in the rank's `flops`, phase column).
 PHASE_ROWS = (
@@ -207,6 +215,24 @@ def rank_peak(data: Mapping[str, Any], override_tflops: Optional[float]
     tf32 = section.get("tf32")
     return peak_for(_device_name(data, section), section.get("dtype") or None,
                     tf32 if isinstance(tf32, bool) else None, override_tflops)
+
+
+def counted_step_note(step: int, cost: Optional[float], median: Optional[float],
+                      steps: int) -> str:
+    """The note on the counted step: what it cost beyond the median step,
+    and, where that is COST_SHARE or more of the run's time in steps (the
+    `steps` steps at the median, and the cost), that share and the option
+    that does without it."""
+    slower = ""
+    if cost is not None and cost > 0:
+        slower = f", {cost * 1e3:.1f} ms slower than the median step"
+        if median is not None and median >= 0 and steps > 0:
+            share = cost / (cost + median * steps)
+            if share >= COST_SHARE:
+                slower += (f": {share * 100:.0f}% of this run's time in steps; "
+                           "--no-flops runs without the count")
+    return (f"FLOPs counted on step {step} (torch's FlopCounterMode{slower}); "
+            "that step is left out of the statistics")
 
 
 def median_step(steady: Any) -> Optional[float]:

@@ -19,6 +19,23 @@ evaluation), is not creep. The rule asks for all of:
   in each third of the span (each third's own slope at least
   CREEP_THIRD_SHARE of the whole's): steady, not one jump.
 
+A short run has fewer samples (one a flush, every 2 s): a DataLoader worker
+of a 10-second epoch is read four or five times, and one whose cache fills
+from 50 to 194 MiB over it is creep all the same. From CREEP_SHORT_POINTS
+samples up to CREEP_MIN_POINTS the rule asks for more growth, and for it
+between every two samples rather than in each third:
+
+* growth of at least CREEP_MIN_BYTES and CREEP_SHORT_FRACTION of where the
+  line starts (a quarter more: so few points cannot tell a few per cent
+  from noise);
+* R² at least CREEP_MIN_R2, and a rise from each sample to the next of at
+  least CREEP_THIRD_SHARE of the line's over that span: one jump between
+  two samples, flat on either side, is not creep.
+
+Below CREEP_SHORT_POINTS steady samples, or over fewer than CREEP_MIN_STEPS
+steps, nothing is said either way (`judged`): one reading is neither flat
+nor growing.
+
 Its figures: the slope per 1,000 steps, and the step at which, at that slope,
 the process would reach the memory the rank may use (the cgroup's limit, or
 the machine's memory).
@@ -40,6 +57,8 @@ CREEP_MIN_BYTES = 32 << 20
 CREEP_MIN_FRACTION = 0.05
 CREEP_MIN_R2 = 0.8
 CREEP_THIRD_SHARE = 0.25
+CREEP_SHORT_POINTS = 3
+CREEP_SHORT_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -143,31 +162,45 @@ def steady_points(points: Sequence[Sequence[int]], warmup: int, last_step: int) 
             if len(p) == 2 and start <= p[0] <= last_step]
 
 
+def judged(points: Sequence[tuple[int, int]]) -> bool:
+    """Whether `points` ((step, bytes), the steady ones) are enough for a
+    verdict, creep or flat: CREEP_SHORT_POINTS over CREEP_MIN_STEPS steps."""
+    return (len(points) >= CREEP_SHORT_POINTS
+            and points[-1][0] - points[0][0] >= CREEP_MIN_STEPS)
+
+
 def creep(points: Sequence[tuple[int, int]], limit: Optional[int] = None) -> Optional[Creep]:
     """Steady growth over `points` ((step, bytes), the steady ones), or None
     (see the module's rule). Several points at one step (a slow step, or a
     process sampled before the first step) are kept: the line weighs time."""
-    if len(points) < CREEP_MIN_POINTS:
+    if not judged(points):
         return None
+    short = len(points) < CREEP_MIN_POINTS
     xs = [float(s) for s, _ in points]
     ys = [float(b) for _, b in points]
-    if xs[-1] - xs[0] < CREEP_MIN_STEPS:
-        return None
     slope, intercept, r2 = _line(xs, ys)
     first = intercept + slope * xs[0]
     last = intercept + slope * xs[-1]
     growth = last - first
-    if growth < CREEP_MIN_BYTES or growth < CREEP_MIN_FRACTION * max(first, 1.0):
+    fraction = CREEP_SHORT_FRACTION if short else CREEP_MIN_FRACTION
+    if growth < CREEP_MIN_BYTES or growth < fraction * max(first, 1.0):
         return None
     if r2 < CREEP_MIN_R2:
         return None
-    k = len(points) // 3
-    for part in (slice(0, k + 1), slice(k, 2 * k + 1), slice(2 * k, None)):
-        px, py = xs[part], ys[part]
-        if len(px) < 2 or px[-1] <= px[0]:
-            return None
-        if _line(px, py)[0] < CREEP_THIRD_SHARE * slope:
-            return None
+    if short:
+        # Every two samples in turn (two at one step say nothing of a slope).
+        for k in range(len(points) - 1):
+            dx = xs[k + 1] - xs[k]
+            if dx > 0 and ys[k + 1] - ys[k] < CREEP_THIRD_SHARE * slope * dx:
+                return None
+    else:
+        k = len(points) // 3
+        for part in (slice(0, k + 1), slice(k, 2 * k + 1), slice(2 * k, None)):
+            px, py = xs[part], ys[part]
+            if len(px) < 2 or px[-1] <= px[0]:
+                return None
+            if _line(px, py)[0] < CREEP_THIRD_SHARE * slope:
+                return None
     full_at = None
     if limit and slope > 0:
         full_at = int(xs[-1] + max(0.0, limit - ys[-1]) / slope)
@@ -194,6 +227,11 @@ class ProcessMemory:
     #: (step, bytes): the readings placed in the steps they were taken in
     #: (at most runtime/memory.MAX_POINTS), for the page's chart.
     points: tuple[tuple[int, int], ...] = ()
+    #: The readings in the steady steps, which the creep rule reads, and
+    #: whether they are enough for a verdict (`judged`): without one, the
+    #: process is neither flat nor creeping.
+    steady: int = 0
+    judged: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -207,6 +245,8 @@ class ProcessMemory:
             "last": self.last,
             "samples": self.samples,
             "creep": self.creep.to_dict() if self.creep is not None else None,
+            "steady_samples": self.steady,
+            "judged": self.judged,
             "points": [list(p) for p in self.points],
         }
 
@@ -251,6 +291,8 @@ def _process(rank: int, pid: Optional[int], kind: str, label: str, raw: Mapping[
         samples=len(readings),
         creep=creep(steady, limit),
         points=tuple(points),
+        steady=len(steady),
+        judged=judged(steady),
     )
 
 

@@ -81,6 +81,10 @@ def run_endings(run: RunResults) -> dict[int, Ending]:
             status = code if isinstance(code, int) and not isinstance(code, bool) else None
         else:
             status = run.exit_codes.get(rank.rank)
+            if (status is None and launcher == "torchrun" and meta.get("returncode") == 0
+                    and str(meta.get("nnodes") or 1) == "1"):
+                # One node's torchrun exits 0 only when every worker did.
+                status = 0
         out[rank.rank] = Ending(status=status, by=by, launcher=launcher, oom_kills=oom_kills)
     return out
 
@@ -160,6 +164,24 @@ def first_failure(
     return min(times)[1]  # type: ignore[type-var]
 
 
+def lost_span(saved: float, reach: float, interval: float, longest_save: float,
+              longest_gap: float, ended_by: Optional[float]) -> float:
+    """The most seconds of steps a rank killed outright can have lost: those
+    after `reach`, how far in time the steps of its last save (made at
+    `saved`) go. The rank saves every `interval` seconds once a save has
+    ended (`longest_save`: its longest so far), and the longest it was
+    seen to go from one save to the next is `longest_gap` (a flush thread
+    kept waiting by a busy machine): it died before its next save was
+    due, or that save would be its last. It also died before the launcher
+    ended (`ended_by`, when known), which may be long after the kill
+    (torchrun's teardown, the other ranks training on): the sooner of the
+    two bounds the loss."""
+    bound = max(0.0, saved - reach) + max(interval + max(0.0, longest_save), longest_gap)
+    if ended_by is not None:
+        bound = min(bound, ended_by - reach)
+    return max(0.0, bound)
+
+
 def _unsaved(rank: RankResult, ending: Ending, what: str,
              step_time: Optional[float]) -> str:
     """What a rank killed outright lost: the steps after its last save."""
@@ -170,9 +192,15 @@ def _unsaved(rank: RankResult, ending: Ending, what: str,
     why = (f"a rank saves every {interval:g} s, and {what} leaves it no time to save "
            "the rest")
     last = steps_saved_to(rank)
-    if ending.by is None or last is None:
+    saved = saved_at(rank)
+    if last is None or saved is None:
         return f"; the steps after its last save are not in its results: {why}"
-    gap = max(0.0, ending.by - last)
+    flush = (rank.data.get("extra") or {}).get("flush")
+    flush = flush if isinstance(flush, Mapping) else {}
+    longest, apart = (flush.get(key) for key in ("max", "gap"))
+    gap = lost_span(saved, last, float(interval),
+                    float(longest) if isinstance(longest, (int, float)) else 0.0,
+                    float(apart) if isinstance(apart, (int, float)) else 0.0, ending.by)
     steps = ""
     if step_time and step_time > 0:
         # Two figures: the gap is a bound, and the pace a median.
@@ -230,6 +258,97 @@ def unsaved_problem(rank: RankResult) -> Optional[str]:
         text += (f"; the {steps_phrase(lost)} after it {were} not saved" if n else
                  f"; {steps_phrase(lost)} {were} not saved")
     return text
+
+
+@dataclass(frozen=True)
+class Unsaved:
+    """Steps that ran and are not in the results because a save failed (a
+    full disk): the run's results are incomplete, whatever the script's own
+    status. The launcher's closing line and exit status say so (README,
+    Exit codes: 74 when the script itself succeeded)."""
+
+    #: Steps the ranks' final saves counted as not saved.
+    steps: int
+    #: Steps those ranks ran in all (saved and not), when every one of them
+    #: said; None when a rank never saved its final results.
+    ran: Optional[int]
+    #: The ranks whose results were cut short, and of those the ranks that
+    #: exited by themselves without their final save (their count of the
+    #: steps after their last save is not known).
+    ranks: tuple[int, ...]
+    unknown: tuple[int, ...]
+    #: Why, in a few words ("disk full"), when a rank said.
+    reason: Optional[str]
+
+    def sentence(self) -> str:
+        """What was not saved, in a few words: "9,807 of the 10,831 steps
+        that ran were not saved (disk full)"; where a rank ended without
+        its final save, the steps its last save counted are the least."""
+        why = f" ({self.reason})" if self.reason else ""
+        were = "was" if self.steps == 1 else "were"
+        if self.steps and self.ran is not None:
+            return f"{self.steps:,} of the {self.ran:,} steps that ran {were} not saved{why}"
+        one = len(self.unknown) == 1
+        who = ("rank " if one else "ranks ") + ",".join(str(r) for r in self.unknown)
+        its = "its" if one else "their"
+        ended = f"{who} ended without saving {its} final results"
+        if self.steps:
+            return (f"at least {self.steps:,} step{'' if self.steps == 1 else 's'} {were} not "
+                    f"saved{why}, and {ended}")
+        return f"{ended}: the steps after {its} last save are not in them"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "ran": self.ran, "ranks": list(self.ranks),
+                "unknown": list(self.unknown), "reason": self.reason}
+
+
+def unsaved_steps(
+    ranks: Sequence[RankResult],
+    endings: Mapping[int, Ending],
+    alive: Iterable[int] = (),
+) -> Optional[Unsaved]:
+    """The steps that ran and were not saved, or None when every rank saved
+    all it ran (as far as its files and the launcher say). A rank counts
+    when its final save said steps were not written (`unsaved`), or when
+    its process exited by itself (a status of 0 or more: no signal) yet its
+    file is still a periodic save made after the script imported torch:
+    its final save failed. A rank killed outright is not counted here: its
+    kill is the problem the report names (with what it may have lost), and
+    its status the run's."""
+    live = set(alive)
+    steps = ran = 0
+    cut: list[int] = []
+    unknown: list[int] = []
+    reason: Optional[str] = None
+    for rank in ranks:
+        if rank.rank in live:
+            continue
+        status = endings.get(rank.rank, Ending()).status
+        # Exited by itself, its file still a periodic save of a rank that
+        # had imported torch (whose agent saves before os._exit and
+        # os.exec*): the final save failed, and the steps after that save
+        # are not counted. (Before torch, an os.exec* leaves the same file:
+        # the script went on in another program, which is no lost step.)
+        ended_unsaved = (rank.status == "running" and status is not None and status >= 0
+                         and bool(rank.data.get("torch_imported")))
+        record = rank.data.get("unsaved")
+        lost = record.get("steps") if isinstance(record, Mapping) else None
+        if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0:
+            steps += lost
+            ran += lost + rank.n_steps
+            if reason is None:
+                code = record.get("errno")  # type: ignore[union-attr]
+                reason = full_reason(code if isinstance(code, int) else None,
+                                     record.get("error"))  # type: ignore[union-attr]
+        elif not ended_unsaved:
+            continue
+        cut.append(rank.rank)
+        if ended_unsaved:
+            unknown.append(rank.rank)
+    if not cut:
+        return None
+    return Unsaved(steps=steps, ran=ran if steps and not unknown else None, ranks=tuple(cut),
+                   unknown=tuple(unknown), reason=reason)
 
 
 def rank_problem(
@@ -319,7 +438,11 @@ def ended_problem(
         if exception and start_error:
             return f"did not start: {exception}: {start_error}"
         then = ""
-        if code is not None and code < 0:
+        if exception == "KeyboardInterrupt" and code == -signal.SIGINT:
+            # Python ends by SIGINT after an uncaught KeyboardInterrupt, one
+            # the script raised itself included: its own end, no signal's.
+            pass
+        elif code is not None and code < 0:
             who = "torchrun" if ending.launcher == "torchrun" else "a signal"
             then = f"; {who} then ended it ({_signal_name(-code)})"
         if exception:

@@ -19,7 +19,7 @@ from perfrun.analysis.disturbed import Flag
 from perfrun.analysis.flops import FlopsSummary
 from perfrun.analysis.memory import MemorySummary
 from perfrun.analysis.pipeline import PipelineSummary
-from perfrun.analysis.ranks import MultiRankSummary, steps_phrase
+from perfrun.analysis.ranks import MultiRankSummary, Unsaved, steps_phrase
 from perfrun.analysis.series import PageSeries
 from perfrun.analysis.summary import ModelSummary, PerfSummary
 from perfrun.analysis.window import WindowReport
@@ -111,7 +111,7 @@ class Title:
                     "or evaluation loop" if self.forward_only else "")
             out.append((
                 "Steps",
-                f"{self.steps_counted} counted of {self.steps_recorded} recorded; "
+                f"{self.steps_counted:,} counted of {self.steps_recorded:,} recorded; "
                 f"warm-up left out: {warm} ({how}){what}",
             ))
         if self.window is not None:
@@ -221,6 +221,9 @@ class Report:
     #: The reference rank's steady step times, as the gate compares them
     #: (analysis/compare.py; not in the JSON); None when not asked for.
     gate_steps: Any = None
+    #: Steps that ran and are not in the results, a save having failed
+    #: (analysis/ranks.py `unsaved_steps`): the results are incomplete.
+    unsaved: Optional[Unsaved] = None
     #: How each rank's medians and percentiles were taken, by rank:
     #: digest.EXACT, or over a rank too long to hold digest.METHOD
     #: (analysis/rankpass.py, analysis/digest.py).
@@ -268,5 +271,6 @@ class Report:
             "memory": self.memory.to_dict() if self.memory is not None else None,
             "disturbed": [f.to_dict() for f in self.disturbed],
             "quantiles": self.quantiles_dict(),
+            "unsaved": self.unsaved.to_dict() if self.unsaved is not None else None,
             **({"results": self.results} if self.results is not None else {}),
         }

@@ -189,6 +189,14 @@ def size(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def times(ratio: float) -> str:
+    """How many times another figure, as a sentence says it: `3.2x`,
+    `86.0x`, `263x`, `2,951x`. Past 100 a decimal is noise (the slowest
+    step of a long run is a thousand medians, give or take one), and the
+    digits of thousands are grouped."""
+    return f"{ratio:.1f}x" if abs(ratio) < 100 else f"{ratio:,.0f}x"
+
+
 def _sig(value: float) -> str:
     if value == 0.0:
         return "0"

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..prose import wrap
@@ -63,9 +63,48 @@ class Position:
     #: The run was started with --timer-only (else the default mode, which
     #: buffers edges the same way on a CPU run).
     timer_only: bool = False
+    #: Steps a second and the median step (seconds) over the rank's last
+    #: saved steps (`pace_of`), where they were read.
+    rate: Optional[float] = None
+    step_time: Optional[float] = None
 
     def for_seconds(self, now: float) -> Optional[float]:
         return None if self.since_unix is None else max(0.0, now - self.since_unix)
+
+    def moving(self) -> bool:
+        """Whether the rank was passing through its phase when it saved,
+        steps of under MOVING each and its phase entered under MOVING
+        before: its phase then is one instant among thousands, and the time
+        since it says how old the save is, not that the rank is held there.
+        A rank whose pace is unknown, or held in a phase, is never moving."""
+        return (self.status == "running" and self.step_time is not None
+                and self.step_time < MOVING and self.since_unix is not None
+                and self.written_unix is not None
+                and self.written_unix - self.since_unix < MOVING)
+
+    def place(self, now: float) -> str:
+        """Where the rank is, in words: a moving rank's step and pace
+        (`at step 60953, 3,012 steps/s`), else its phase and how long it
+        has been in it (`Backward at step 3 for 2.1 s`)."""
+        if self.moving() and self.step is not None and self.rate is not None:
+            return f"at step {self.step}, {_pace(self.rate)} steps/s"
+        where = _where(self.phase, self.step) if self.phase is not None else "position unknown"
+        took = self.for_seconds(now)
+        if took is not None and self.status == "running":
+            where += f" for {took:.1f} s"
+        return where
+
+
+#: Seconds: a rank with steps shorter than this, in its phase for less than
+#: this when it saved, is moving (Position.moving); the ranks save every 2 s.
+MOVING = 1.0
+#: Steps the pace of a rank is taken over, as `perfrun watch` takes it.
+PACE_STEPS = 50
+
+
+def _pace(rate: float) -> str:
+    """Steps a second: `3,012`, `41.7`, `0.82`."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2f}"
 
 
 def position_of(data: dict[str, Any]) -> Position:
@@ -95,17 +134,49 @@ def _num(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def read_positions(run_dir: str) -> list[Position]:
+def read_positions(run_dir: str, pace: bool = False) -> list[Position]:
     """The positions of a run folder's ranks, each rank's latest restart;
     a file caught between writes or unreadable is skipped (the next look
-    sees it)."""
+    sees it). `pace`: with each rank's pace from its step file (`pace_of`),
+    for `perfrun status`; the hang watch needs none."""
     latest: dict[int, Position] = {}
     for path in find_rank_files(run_dir):
         data = peek_rank_file(path)
         if data is not None:
             p = position_of(data)
+            if pace:
+                rate, step_time = pace_of(os.path.dirname(path), data)
+                p = replace(p, rate=rate, step_time=step_time)
             latest[p.rank] = p
     return [latest[r] for r in sorted(latest)]
+
+
+def pace_of(folder: str, data: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """(steps a second, median step in seconds) over a rank's last
+    PACE_STEPS saved steps: the tail of its step file, mapped, so a rank of
+    10^7 steps costs what 50 steps cost. (None, None) where it has fewer
+    than two steps or its file cannot be read."""
+    import numpy as np
+
+    from ..store.stepfile import COL, read_table
+
+    steps = data.get("steps") if isinstance(data.get("steps"), dict) else {}
+    name = steps.get("file")
+    if not isinstance(name, str) or not name:
+        return None, None
+    try:
+        table = read_table(os.path.join(folder, os.path.basename(name)), mapped=True)
+        tail = np.array(table[max(0, int(table.shape[0]) - PACE_STEPS):], dtype=float)
+    except Exception:  # noqa: BLE001 - a file being replaced: no pace this look
+        return None, None
+    if tail.shape[0] < 2:
+        return None, None
+    start, end = tail[:, COL["start"]], tail[:, COL["end"]]
+    span = float(end[-1] - start[0])
+    times = (end - start)[np.isfinite(end - start)]
+    if not span > 0 or not times.size:
+        return None, None
+    return tail.shape[0] / span, float(np.median(times))
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -169,15 +240,12 @@ def lag_note(positions: list[Position], status: bool = False) -> Optional[str]:
 
 
 def status_lines(positions: list[Position], now: float) -> list[str]:
-    """One line per rank: where it is and for how long, for `perfrun status`
-    and the hang report."""
+    """One line per rank: where it is and for how long (or, moving, its
+    step and pace: Position.place), for `perfrun status` and the hang
+    report."""
     out = []
     for p in positions:
-        where = _where(p.phase, p.step) if p.phase is not None else "position unknown"
-        took = p.for_seconds(now)
-        line = f"rank {p.rank:<3} {p.status:<9} {where}"
-        if took is not None and p.status == "running":
-            line += f" for {took:.1f} s"
+        line = f"rank {p.rank:<3} {p.status:<9} {p.place(now)}"
         if p.written_unix is not None:
             line += f"  (saved {max(0.0, now - p.written_unix):.0f} s ago)"
         out.append(line)

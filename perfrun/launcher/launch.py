@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import PerfrunError
 from ..exitcodes import ExitCode
-from ..prose import terminal_width, wrap
+from ..prose import note_for_stream, terminal_width, wrap
 from ..runtime.lifeline import parent_death_signal
 from ..runtime.memory import oom_kills
 from ..settings import Settings, child_environment, child_settings, port_span
@@ -839,13 +839,13 @@ def _prune(settings: Settings, run_dir: str) -> None:
     try:
         removed = prune(settings.log_dir, settings.keep, os.path.basename(run_dir))
     except OSError as exc:
-        sys.stderr.write(f"perfrun: note: could not prune {settings.log_dir}: {exc}\n")
+        sys.stderr.write(note_for_stream(f"perfrun: note: could not prune {settings.log_dir}: "
+                                         f"{exc}", sys.stderr) + "\n")
         return
     if removed:
         # Always said, -q or not: perfrun deleted something.
-        sys.stderr.write(
-            f"perfrun: note: {removal_note(removed, settings.log_dir, settings.keep)}\n"
-        )
+        text = f"perfrun: note: {removal_note(removed, settings.log_dir, settings.keep)}"
+        sys.stderr.write(note_for_stream(text, sys.stderr) + "\n")
         sys.stderr.flush()
 
 

@@ -97,6 +97,11 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
     return layout
 
 
+#: Pixels at the top of a chart that plotly's toolbar takes (its buttons
+#: are 28 high): a title that is to stay clear of it starts below.
+MODEBAR = 32
+
+
 def memory_chart(report: Report) -> Optional[dict[str, Any]]:
     """Memory over the run beside the step time: each rank's resident
     memory and each child's private memory at the steps they were read in
@@ -128,15 +133,22 @@ def memory_chart(report: Report) -> Optional[dict[str, Any]]:
             })
     if not data:
         return None
-    layout = {
-        "title": {"text": "Memory over the run (a rank's resident memory, a child's private "
-                          "memory; GPU: the allocator's at the end of sampled steps)",
-                  "font": {"size": 13}},
-        "xaxis": {"title": {"text": "step"}},
-        "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero"},
-        "height": 320, "margin": {"t": 50, "r": 20, "b": 45, "l": 60},
-        "showlegend": True, "legend": {"orientation": "h", "y": -0.25},
-    }
+    # The title at the left, as every chart's (_layout), its explanation on
+    # a line of its own, both below the row of plotly's toolbar (top right,
+    # MODEBAR pixels high): centred on it, the one long line ran under the
+    # toolbar's buttons.
+    height = 360
+    layout = _layout(
+        "Memory over the run<br><sup>a rank's resident memory, a child's private memory; "
+        "GPU: the allocator's at the end of sampled steps</sup>",
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"},
+        height=height, margin={"t": MODEBAR + 50, "r": 20, "b": 45, "l": 60},
+        showlegend=True, legend={"orientation": "h", "y": -0.25},
+        hovermode="closest",
+    )
+    layout["title"].update({"font": {"size": 13}, "yref": "container", "yanchor": "top",
+                            "y": 1.0 - MODEBAR / height})
     return {"data": data, "layout": layout}
 
 

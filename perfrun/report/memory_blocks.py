@@ -5,9 +5,9 @@ process (analysis/memory.py)."""
 from __future__ import annotations
 
 from perfrun.analysis.allocator import PHASE_TITLES, DeviceMemory, oom_line
-from perfrun.analysis.memory import MemorySummary
+from perfrun.analysis.memory import MemorySummary, ProcessMemory
 from perfrun.analysis.stats import size
-from perfrun.report.primitives import DASH, Column, TableBlock, fmt_bytes
+from perfrun.report.primitives import DASH, Column, TableBlock, bytes_unit, fmt_bytes, fmt_size
 
 
 def _share(d: DeviceMemory, value: int | None) -> str:
@@ -19,11 +19,13 @@ def device_memory_block(d: DeviceMemory) -> TableBlock:
     """A rank's GPU memory: per phase, the steady peak allocated and
     reserved and the allocated peak's share of the device; what sets the
     step's peak, the fragmentation there, creep and out-of-memory errors."""
-    rows = [[PHASE_TITLES.get(p.phase, p.phase), fmt_bytes(p.allocated),
-             fmt_bytes(p.allocated_max), fmt_bytes(p.reserved), _share(d, p.allocated),
+    unit = bytes_unit(v for p in d.phases for v in (p.allocated, p.allocated_max, p.reserved))
+    rows = [[PHASE_TITLES.get(p.phase, p.phase), fmt_size(p.allocated, unit),
+             fmt_size(p.allocated_max, unit), fmt_size(p.reserved, unit), _share(d, p.allocated),
              str(p.steps)] for p in d.phases]
     device = d.label + (f" ({size(d.total)})" if d.total else "")
-    info = [f"{device}: peak per phase from the CUDA allocator's own counters, on "
+    info = [f"size unit: {unit[0]}; {device}: peak per phase from the CUDA allocator's own "
+            "counters, on "
             f"{d.sampled} sampled step{'' if d.sampled == 1 else 's'} (about one a second); "
             "steady: the median sampled step"]
     if d.peak_allocated is not None:
@@ -56,6 +58,19 @@ def device_memory_block(d: DeviceMemory) -> TableBlock:
     return TableBlock("memory", "Memory Summary (GPU)", info, columns, rows, footer=footer)
 
 
+def _label(p: ProcessMemory, ranks: set[int]) -> str:
+    """A process's row name: `rank 0`, and under it its children, indented,
+    by what they are and their pid (`  DataLoader 0 worker (pid 4242)`), the
+    rank not said again: the table fits 80 columns. `ranks`: the ranks
+    whose own row is in the table. What is measured is said only where it
+    is not the usual (a rank's RSS, a child's USS)."""
+    usual = "rss" if p.pid is None else "uss"
+    odd = "" if p.measure == usual else " (private)" if p.measure == "uss" else " (resident)"
+    if p.pid is not None and p.rank in ranks:
+        return f"  {p.kind} (pid {p.pid}){odd}"
+    return p.label + odd
+
+
 def memory_blocks(memory: MemorySummary, limit_rows: int = 20) -> list[TableBlock]:
     out = [device_memory_block(d) for d in memory.devices[:limit_rows]]
     if memory.processes:
@@ -67,17 +82,20 @@ def memory_block(memory: MemorySummary, limit_rows: int = 20) -> TableBlock:
     """Host memory per process: the rank's and each child's resident set
     where the steady steps begin, at its peak and at the end, and the
     steady growth where memory creeps (analysis/memory.py)."""
+    shown = memory.processes[:limit_rows]
+    unit = bytes_unit(v for p in shown for v in (p.first, p.peak, p.last))
+    ranks = {p.rank for p in shown if p.pid is None}
     rows = []
-    for p in memory.processes[:limit_rows]:
+    for p in shown:
         c = p.creep
         growth = (f"+{fmt_bytes(int(c.per_1000_steps))} (R² {c.r2:.2f})"
-                  if c is not None else "flat")
-        label = p.label + (" (private)" if p.measure == "uss" else "")
-        rows.append([label, str(p.samples), fmt_bytes(p.first), fmt_bytes(p.peak),
-                     fmt_bytes(p.last), growth])
-    info = ["sampled at each save of the results: a rank's resident memory (RSS); a child's "
-            "private memory (USS: a forked worker shares its parent's pages until it writes "
-            "them); start: where the steady steps begin"]
+                  if c is not None else "no creep" if p.judged else "too few samples")
+        rows.append([_label(p, ranks), str(p.samples),
+                     fmt_size(p.first, unit), fmt_size(p.peak, unit), fmt_size(p.last, unit),
+                     growth])
+    info = [f"size unit: {unit[0]}; sampled at each save of the results: a rank's resident "
+            "memory (RSS); a child's private memory (USS: a forked worker shares its parent's "
+            "pages until it writes them); start: where the steady steps begin"]
     if memory.limit:
         info.append(f"memory a rank may use: {fmt_bytes(memory.limit)}")
     footer = []

@@ -11,6 +11,7 @@ value prints identically in every format.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -36,6 +37,36 @@ def time_unit(seconds: Optional[float], *, coarse: str = "s") -> tuple[str, floa
         if seconds * factor >= (0.01 if unit == "s" else 1.0):
             return unit, factor
     return candidates[-1]
+
+
+#: Time units from the finest, with their factors from seconds.
+TIME_UNITS = (("us", 1e6), ("ms", 1e3), ("s", 1.0))
+
+#: The most integer digits a figure of a column takes in the table's unit:
+#: 99999.99 reads; the total of 10^5 steps of 2 ms in microseconds,
+#: 203691393.82, has to be counted off digit by digit.
+MAX_DIGITS = 5
+
+
+def column_unit(values: Iterable[Optional[float]], unit: tuple[str, float]
+                ) -> tuple[str, float]:
+    """The unit of one column of times (seconds): the table's `unit`, or,
+    where the column's largest figure would take more than MAX_DIGITS
+    integer digits in it, the first coarser one in which it does not (a
+    Total over 10^5 steps in s beside per-step figures in us). One unit for
+    the whole column, so its figures still compare row by row."""
+    top = max((abs(v) for v in values if v is not None and math.isfinite(v)), default=0.0)
+    names = [u for u, _ in TIME_UNITS]
+    start = names.index(unit[0]) if unit[0] in names else len(names) - 1
+    for name, factor in TIME_UNITS[start:]:
+        if top * factor < 10.0 ** MAX_DIGITS:
+            return name, factor
+    return TIME_UNITS[-1]
+
+
+def headed(header: str, unit: tuple[str, float], table: tuple[str, float]) -> str:
+    """A column's header, with its unit where it is not the table's."""
+    return header if unit[0] == table[0] else f"{header} ({unit[0]})"
 
 
 #: The Perf Summary's unit, for every run. A unit picked from the run's own
@@ -65,6 +96,27 @@ def middle(text: str, width: int) -> str:
     head = (width - 1) // 2
     tail = width - 1 - head
     return text[:head] + ELLIPSIS + text[len(text) - tail:]
+
+
+def middle_words(text: str, width: int) -> str:
+    """`text` in at most `width` characters, whole words cut from its
+    middle where it is words (`DataLoader 0 … (pid 123456)`, where `middle`
+    gives `DataLoader 0 …r (pid 123456)`): its first and its last words
+    kept, as many of the others as fit. A name of fewer than three words,
+    one cut already, or one whose words would leave a third of the room
+    empty, is cut by `middle`."""
+    if len(text) <= width:
+        return text
+    words = text.split(" ")
+    if len(words) < 3 or ELLIPSIS in text or any(not w for w in words):
+        return middle(text, width)
+    best = ""
+    for head in range(1, len(words) - 1):
+        for tail in range(1, len(words) - head):
+            cut = " ".join(words[:head] + [ELLIPSIS] + words[len(words) - tail:])
+            if len(cut) <= width and len(cut) > len(best):
+                best = cut
+    return best if 3 * len(best) >= 2 * width else middle(text, width)
 
 
 def fmt_num(value: Optional[float], decimals: int, factor: float = 1.0) -> str:
@@ -101,6 +153,56 @@ def fmt_percent(value: Optional[float], decimals: int = 1) -> str:
     return DASH if value is None else f"{value:.{decimals}f}"
 
 
+#: Sizes in binary units, with their factors.
+BYTE_UNITS = (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40))
+
+
+def bytes_unit(values: Iterable[Optional[float]]) -> tuple[str, int]:
+    """One unit for a column of sizes: the largest in which the column's
+    largest size is at least 1 (`MiB` for a rank's 309.5 and its workers'
+    12.34). A column of `315.3 MiB` and `1.2 GiB` cells has to be read
+    cell by cell; in one unit it compares down the column."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    out = BYTE_UNITS[0]
+    for unit in BYTE_UNITS:
+        if top >= unit[1]:
+            out = unit
+    return out
+
+
+def fmt_size(value: Optional[float], unit: tuple[str, int]) -> str:
+    """`value` bytes in `unit` (bytes_unit), to four significant figures."""
+    if value is None:
+        return DASH
+    return f"{value:.0f}" if unit[1] == 1 else fmt_sig(value / unit[1])
+
+
+#: FLOP counts and rates in decimal units, with their factors.
+FLOP_PREFIXES = (("", 1.0), ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12), ("P", 1e15))
+
+
+def flop_unit(values: Iterable[Optional[float]], largest: str = "P") -> tuple[str, float]:
+    """The prefix (and its factor) for FLOPs or FLOP/s: the largest, up to
+    `largest` (`T` on a GPU, `G` on a CPU, where rates are spoken of in
+    those), in which the largest figure is at least 1: a tiny model's
+    13.1 MFLOP/s, not 0.0131 GFLOP/s or 6.7e-05."""
+    top = max((abs(v) for v in values if v is not None and math.isfinite(v)), default=0.0)
+    out = FLOP_PREFIXES[0]
+    for prefix in FLOP_PREFIXES:
+        if top >= prefix[1] or prefix[0] == "":
+            out = prefix
+        if prefix[0] == largest:
+            break
+    return out
+
+
+def fmt_flops(value: float) -> str:
+    """A number of FLOPs in the prefix that suits it: `29.6 MFLOP`,
+    `3.58 kFLOP`, `1.21 TFLOP`."""
+    prefix, factor = flop_unit([value])
+    return f"{fmt_sig(value, 3, 1.0 / factor)} {prefix}FLOP"
+
+
 def fmt_bytes(value: Optional[int]) -> str:
     if value is None:
         return DASH
@@ -123,9 +225,11 @@ def short_hosts(names: list[str]) -> dict[str, str]:
 
 
 def plural(n: int, word: str) -> str:
+    """`1 step`, `99,984 steps`: the digits of thousands grouped, as a
+    long run's counts are read in a sentence."""
     if n == 1:
         return f"{n} {word}"
-    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+    return f"{n:,} {word}es" if word.endswith("s") else f"{n:,} {word}s"
 
 
 # -- blocks --------------------------------------------------------------------

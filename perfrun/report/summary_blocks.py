@@ -18,10 +18,14 @@ from perfrun.report.primitives import (
     PERF_UNIT,
     Column,
     TableBlock,
+    column_unit,
+    flop_unit,
     fmt_bytes,
+    fmt_flops,
     fmt_num,
     fmt_percent,
     fmt_sig,
+    headed,
     plural,
     short_hosts,
     time_unit,
@@ -35,21 +39,34 @@ NO_DATALOADER = "no DataLoader: batch preparation is counted in Others"
 BATCH_REUSED = "no fetch in the counted steps: they train on a batch fetched before them"
 
 
-def _stats_cells(stats: Stats, ratio: Optional[float], factor: float,
+#: The Model Summary's figures of a side, each a column of its own.
+_STATS = ("total", "avg", "max", "min")
+
+
+def _stats_units(stats: list[Stats], unit: tuple[str, float]) -> list[tuple[str, float]]:
+    """The unit of each of Total, Avg, Max and Min (primitives.column_unit):
+    the table's, but a Total over 10^5 steps, or a Max of one step a
+    thousand times the median, in a coarser one of its own."""
+    return [column_unit([getattr(s, k) for s in stats], unit) for k in _STATS]
+
+
+def _stats_cells(stats: Stats, ratio: Optional[float], units: list[tuple[str, float]],
                  decimals: int = 2) -> list[str]:
     """Total, Avg, Max, Min and Ratio(%) as cells of their own: in columns
     of their own they line up, row under row, where `a / b / c` in one cell
     did not."""
-    cells = [fmt_num(v, decimals, factor) for v in (stats.total, stats.avg, stats.max, stats.min)]
+    cells = [fmt_num(getattr(stats, k), decimals, f) for k, (_u, f) in zip(_STATS, units)]
     return cells + [fmt_percent(ratio, 2)]
 
 
-def _stats_columns(side: str) -> list[Column]:
+def _stats_columns(side: str, units: list[tuple[str, float]],
+                   unit: tuple[str, float]) -> list[Column]:
     """`CPU Total`, `Avg`, `Max`, `Min`, `Ratio(%)`: each figure a column of
     its own; the side is named once, on its Total, as in the Operator
-    Summary, so CPU and GPU side by side fit 120 columns."""
-    return [Column(f"{side} Total"), Column("Avg"), Column("Max"), Column("Min"),
-            Column("Ratio(%)")]
+    Summary, so CPU and GPU side by side fit 120 columns. A column in a
+    unit other than the table's says so (`CPU Total (s)`)."""
+    names = (f"{side} Total", "Avg", "Max", "Min")
+    return [Column(headed(n, u, unit)) for n, u in zip(names, units)] + [Column("Ratio(%)")]
 
 
 def perf_block(perf: PerfSummary, warmup: int, window_steps: int) -> TableBlock:
@@ -89,22 +106,26 @@ def model_block(model: ModelSummary) -> TableBlock:
     # The median, not the mean: one slow step (a checkpoint, a recompile)
     # must not change the unit of the whole table.
     step = model.row("ProfileStep").cpu
-    unit, factor = time_unit(step.median if step.median is not None else step.avg, coarse="ms")
+    unit = time_unit(step.median if step.median is not None else step.avg, coarse="ms")
+    cpu = _stats_units([row.cpu for row in model.rows], unit)
+    gpu = _stats_units([row.gpu for row in model.rows if row.gpu is not None], unit)
+    own = any(u != unit for u in cpu + (gpu if model.has_gpu else []))
     info = [
-        f"time unit: {unit}   Avg / Max / Min: per step ({plural(model.steps, 'step')})   "
+        f"time unit: {unit[0]}" + (", or as a column says" if own else "")
+        + f"   Avg / Max / Min: per step ({plural(model.steps, 'step')})   "
         "Ratio(%): share of ProfileStep"
     ]
     columns = [Column("Name", "left"), Column("Calls")]
-    columns += _stats_columns("CPU")
+    columns += _stats_columns("CPU", cpu, unit)
     if model.has_gpu:
-        columns += _stats_columns("GPU")
+        columns += _stats_columns("GPU", gpu, unit)
     rows = []
     for row in model.rows:
         name = row.name if row.is_step else "  " + row.name
         cells = [name, DASH if row.calls is None else str(row.calls)]
-        cells += _stats_cells(row.cpu, row.cpu_ratio, factor)
+        cells += _stats_cells(row.cpu, row.cpu_ratio, cpu)
         if model.has_gpu:
-            cells += (_stats_cells(row.gpu, row.gpu_ratio, factor) if row.gpu is not None
+            cells += (_stats_cells(row.gpu, row.gpu_ratio, gpu) if row.gpu is not None
                       else [DASH] * 5)
         rows.append(cells)
     # A terminal too narrow for both sides prints the CPU's, then the GPU's,
@@ -116,11 +137,24 @@ def model_block(model: ModelSummary) -> TableBlock:
 
 def _rate_cell(value: Optional[float], factor: float) -> str:
     """A FLOP/s figure: two decimals, or three significant digits below 1
-    (a tiny model's rate must not print as 0.00)."""
+    (a tiny model's rate must not print as 0.00), never with an exponent:
+    `6.7e-05` under `0.000151` reads as the larger."""
     if value is None:
         return DASH
     scaled = value * factor
-    return f"{scaled:.2f}" if scaled >= 1.0 else f"{scaled:.3g}"
+    return f"{scaled:.2f}" if scaled >= 1.0 else fmt_sig(scaled, 3)
+
+
+def _rate_unit(flops: FlopsSummary) -> tuple[str, float]:
+    """The Achieved column's unit: TFLOP/s on a GPU, GFLOP/s on a CPU
+    (FlopsSummary.unit), or a smaller one where the column's largest rate
+    is under 1 of it (a tiny model's MFLOP/s)."""
+    largest = flops.unit[0][0]
+    rates = [p.achieved for p in flops.phases]
+    if flops.job is not None:
+        rates.append(flops.job.achieved)
+    prefix, factor = flop_unit(rates, largest)
+    return f"{prefix}FLOP/s", 1.0 / factor
 
 
 def with_flops(block: TableBlock, flops: Optional[FlopsSummary]) -> TableBlock:
@@ -138,7 +172,7 @@ def with_flops(block: TableBlock, flops: Optional[FlopsSummary]) -> TableBlock:
         block.footer.append(f"FLOP/s: none counted on step {flops.step}: no operator with a "
                             "FLOP formula ran inside a timed phase")
         return block
-    unit, factor = flops.unit
+    unit, factor = _rate_unit(flops)
     columns = [Column(f"Achieved {unit}")]
     if flops.on_gpu:
         columns.append(Column("MFU(%)"))
@@ -155,7 +189,7 @@ def with_flops(block: TableBlock, flops: Optional[FlopsSummary]) -> TableBlock:
         block.groups.append(list(range(first, len(block.columns))))
     step = flops.rate("ProfileStep")
     what = f"FLOPs of step {flops.step}" if flops.step is not None else "FLOPs of one step"
-    total = f" ({step.flops / 1e9:.3g} GFLOP a step)" if step is not None else ""
+    total = f" ({fmt_flops(step.flops)} a step)" if step is not None else ""
     basis = ("Forward / Backward: GPU time" if any(p.basis == "gpu" for p in flops.phases)
              else "CPU time")
     ran = flops.dtype or "unknown dtype"

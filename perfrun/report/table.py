@@ -1,12 +1,12 @@
 """Terminal tables (rich), in the shapes Paddle's profiler prints.
 
 The same output goes to terminals and to CI logs: when the stream is not a
-terminal there are no colours and the width is fixed, so a log file reads the
-same on every machine and a test can compare it. Sentences (notes, advice,
-a table's notes) are laid out by perfrun/prose.py in both, at most
-PROSE_WIDTH wide with hanging indents, never broken inside a path, a
-command or a number with its unit; the title's lines (Command, Results)
-stay whole in a pipe.
+terminal there are no colours and the width is fixed (80 columns, or
+`COLUMNS`: prose.pipe_width), so a log file reads the same on every machine
+and a test can compare it. Sentences (notes, advice, a table's notes) are
+laid out by perfrun/prose.py in both, at most PROSE_WIDTH wide with hanging
+indents, never broken inside a path, a command or a number with its unit;
+the title's lines (Command, Results) stay whole in a pipe.
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from perfrun.analysis.report import Report
-from perfrun.prose import PROSE_WIDTH, wrap
+from perfrun.prose import PROSE_WIDTH, pipe_width, wrap
 from perfrun.report.content import blocks
-from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock, middle
-
-#: Width used when the output is not a terminal (a pipe, a file, CI).
-PIPE_WIDTH = 120
+from perfrun.report.primitives import Block, LinesBlock, TableBlock, TitleBlock, middle_words
 
 _LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red"}
 
@@ -46,9 +43,9 @@ _BOX = box.Box(
 def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) -> Console:
     """A console for `stream` that never emits escape codes into a pipe.
 
-    Rich already drops colours for non-terminals, but it takes the width from
-    `COLUMNS` or falls back to 80, which wraps the Model Summary; a fixed
-    width keeps logs stable and readable.
+    Rich already drops colours for non-terminals, but it takes the width of
+    whatever terminal stdin or stderr is; a width of its own (pipe_width:
+    80, or `COLUMNS`) keeps logs stable and readable at 80 columns.
     """
     if stream is None:
         stream = sys.stdout
@@ -56,7 +53,7 @@ def make_console(stream: Optional[IO[str]] = None, width: Optional[int] = None) 
     is_tty = bool(isatty is not None and isatty())
     return Console(
         file=stream,
-        width=width if width is not None else (None if is_tty else PIPE_WIDTH),
+        width=width if width is not None else (None if is_tty else pipe_width()),
         color_system="auto" if is_tty else None,
         force_terminal=is_tty,
         no_color=not is_tty,
@@ -96,11 +93,12 @@ def _indent(block: TableBlock) -> int:
 
 
 def _cut(name: str, width: int) -> str:
-    """`name` in `width` characters, cut in the middle of its text, its
-    indentation kept whole so the tree still reads as one."""
+    """`name` in `width` characters, cut in the middle of its text (between
+    its words, where it is words), its indentation kept whole so the tree
+    still reads as one."""
     text = name.lstrip(" ")
     indent = name[: len(name) - len(text)]
-    return indent + middle(text, max(width - len(indent), 1))
+    return indent + middle_words(text, max(width - len(indent), 1))
 
 
 def _widths(block: TableBlock, columns: list[int], width: int) -> Optional[list[int]]:
@@ -249,10 +247,11 @@ def render_blocks(items: list[Block], console: Console) -> None:
         if isinstance(block, TitleBlock):
             # What the run was and where it is: in a pipe, one line each,
             # as scripts and people grep a log for `Results:`; laid out in
-            # a terminal's width.
+            # a terminal's width, as the other lines (Steps, Window) are
+            # everywhere.
             for label, text in block.entries:
                 _prose(console, f"{label}: {text}", label=len(label) + 1,
-                       whole=not console.is_terminal)
+                       whole=not console.is_terminal and label in block.code_labels)
             console.print()
         elif isinstance(block, LinesBlock):
             style = _LEVEL_STYLE.get(block.level, "")

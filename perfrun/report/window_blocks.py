@@ -96,6 +96,18 @@ def _tree(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
     return out
 
 
+def module_label(row: dict[str, Any]) -> str:
+    """A module's name as the Module Summary shows it: its qualified name,
+    and its type where the last part of the name is an index
+    (`net.0 (Linear)`): the children of an nn.Sequential or a ModuleList
+    are named `0`, `1`, `2`, which alone say nothing of what they are."""
+    name = str(row["name"])
+    kind = str(row.get("type") or "")
+    if kind and name.rsplit(".", 1)[-1].isdigit():
+        return f"{name} ({kind})"
+    return name
+
+
 def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: float) -> Block:
     """The module tree (or, with --sort-by other than the default, a flat
     list in that order), then the repeated blocks grouped."""
@@ -120,7 +132,7 @@ def _module_block(modules: dict[str, Any], view: dict[str, Any], unit: str, f: f
     for r, level in ordered[: max(limit, 1) * 4 if tree else limit]:
         indent = "  " * level
         row = [
-            indent + r["name"],
+            indent + module_label(r),
             str(r["calls"]),
             fmt_num(r["forward"], 3, f),
             fmt_num(r["backward"], 3, f),
@@ -213,8 +225,8 @@ def window_blocks(w: WindowReport, view: dict[str, Any], show: Any) -> list[Bloc
     start, end = w.window
     info = [w.label or f"steps [{start}, {end})", f"time unit: {unit}"]
     if w.overhead is not None:
-        medians = (f"median {fmt_num(w.window_median, 3, 1e3)} ms over {w.window_count} "
-                   f"steps vs {fmt_num(w.outside_median, 3, 1e3)} ms over {w.outside_count}, "
+        medians = (f"median {fmt_num(w.window_median, 3, 1e3)} ms over {w.window_count:,} "
+                   f"steps vs {fmt_num(w.outside_median, 3, 1e3)} ms over {w.outside_count:,}, "
                    f"which spread by ±{(w.outside_spread or 0.0) * 100:.0f}%")
         if w.overhead_measurable:
             info.append(f"profiler overhead: window steps {w.overhead * 100:+.1f}% vs steps "

@@ -52,6 +52,9 @@ from .steps import StepTracker
 #: its rank file is a few kilobytes, a few hundred with a detailed
 #: window's tables.
 RESERVE = 256 * 1024
+#: What it holds on a disk too full for RESERVE: room for a rank file
+#: without a window's tables, which says how many steps were not saved.
+RESERVE_LEAST = 16 * 1024
 
 
 class Agent(CudaSide, Saving):
@@ -126,8 +129,10 @@ class Agent(CudaSide, Saving):
         # how many and why.
         self._unsaved: Optional[OSError] = None
         # Saves so far: count, total seconds, longest (reported in the
-        # rank file, so a user can see what perfrun's flushing costs).
-        self._flushes = [0, 0.0, 0.0]
+        # rank file, so a user can see what perfrun's flushing costs), when
+        # the last one began and the longest time between two that began
+        # one after the other (what bounds the steps a kill can cost).
+        self._flushes = [0, 0.0, 0.0, None, 0.0]
         # The flush thread's CPU time so far (its samplers, saves and the
         # observers it made), read by itself after each round: the most it
         # can have taken from the script's thread, through the GIL.
@@ -170,8 +175,14 @@ class Agent(CudaSide, Saving):
             os.environ.setdefault("KINETO_LOG_LEVEL", "99")
         self.step_writer = StepWriter(steps_path(self.path), STEP_COLUMNS)
         self.reserve = Reserve(reserve_path(self.run_dir, rank_stem(self.rank, self.restart)),
-                               RESERVE)
-        self.write()
+                               RESERVE, RESERVE_LEAST)
+        try:
+            self.write()
+        except OSError:
+            # A disk full from the start: profiling goes on, the steps are
+            # held, and the final save (with the reserve's room) says how
+            # many were not saved.
+            pass
         atexit.register(self._atexit)
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -503,6 +514,14 @@ class Agent(CudaSide, Saving):
             if target is not None:
                 target.relabel(names)
 
+    def _stop_option(self) -> str:
+        """The option whose stop ended the script: --stop-after, or
+        --stop-after-window when the window's end came first."""
+        after = self.settings.stop_after
+        if after is not None and after <= self._stop_at:
+            return f"--stop-after {after}"
+        return "--stop-after-window"
+
     def _request_stop(self) -> None:
         """--stop-after: end the script cleanly, as `sys.exit(0)` would, at
         the start of the first step past the limit."""
@@ -581,6 +600,9 @@ class Agent(CudaSide, Saving):
         except Exception as exc:
             self.record_fault("finish", exc)
         self.tracker.finish(perf_counter())
+        if self.status == "stopped" and self.hooks_state.steps_off:
+            self.notes.append(stop_caught_note(self._stop_option(), self.tracker.committed,
+                                               self.hooks_state.steps_off))
         nograd = self.tracker.nograd_from
         if nograd is not None:
             self.notes.append(
@@ -643,7 +665,16 @@ class Agent(CudaSide, Saving):
         try:
             self.finish()
         except Exception as exc:  # never let our exit handler change the exit
-            say_unsaved(exc)
+            say_unsaved(exc, *self._not_saved())
+
+    def _not_saved(self) -> tuple[int, int]:
+        """Steps that ran and are not in the step file, and steps that ran."""
+        try:
+            ran = self.tracker.committed
+            written = self.step_writer.written if self.step_writer is not None else 0
+            return max(0, ran - written), ran
+        except Exception:
+            return 0, 0
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self.status == "running":
@@ -664,7 +695,7 @@ class Agent(CudaSide, Saving):
                 self.exit["os_exit"] = status
             self.finish()
         except Exception as exc:
-            say_unsaved(exc)
+            say_unsaved(exc, *self._not_saved())
 
     def _watch_exec(self) -> None:
         """Save before os.exec*: the process keeps its pid but not its
@@ -710,7 +741,7 @@ class Agent(CudaSide, Saving):
             self.notes.append(self._exec_note)
             self.finish()
         except Exception as exc:
-            say_unsaved(exc)
+            say_unsaved(exc, *self._not_saved())
 
     def _exec_failed(self, exc: BaseException) -> None:
         """The exec did not happen (no such program...): the script goes on,
@@ -735,6 +766,19 @@ class Agent(CudaSide, Saving):
 
 
 _agent: Optional[Agent] = None
+
+
+def stop_caught_note(option: str, steps: int, after: int) -> str:
+    """What the report says when the script caught perfrun's stop (the
+    SystemExit(0) it raises, which `except BaseException` or `except
+    SystemExit` swallows) and trained on: the hooks are off from the stop,
+    so those steps are not in the results, and without this the report
+    would read as if the script had stopped where its results do."""
+    more = f"{after} more optimizer step" + ("" if after == 1 else "s")
+    held = f"{steps} step" + ("" if steps == 1 else "s")
+    return (f"{option}: perfrun ended the script after {held} (SystemExit(0)), but the "
+            f"script caught it and trained on: {more} ran after the stop, which perfrun did "
+            f"not record; the results hold the {held} before it")
 
 
 def start(payload: dict[str, Any], t0: float, t0_unix: float) -> Agent:

@@ -47,6 +47,18 @@ Where torch's counter is wrong, and what is done here:
   and could change what the script runs. A step after anything was compiled
   is not counted, and the reason says so.
 
+What the first use costs, and where it is not paid: torch (2.13:
+`TorchDispatchMode.__init_subclass__`) wraps every dispatch mode's
+`__torch_dispatch__` in `torch._disable_dynamo`, which imports
+`torch._dynamo` at the first op the mode sees: 1.6 to 2.0 s of CPU, inside
+the counted step, in a script that never touched Dynamo (a loop with no
+`torch.optim` optimizer: making one imports Dynamo already). The wrapper
+keeps Dynamo from compiling the mode's own frames; where Dynamo is not
+imported nothing is compiled, so for that one step the wrapper is handed
+the plain function (`counting_mode`) and nothing is imported. The counted
+step then costs what the mode's Python dispatch of each op costs: a few
+to tens of milliseconds (docs/costs.md, "The FLOP-counted step").
+
 Nothing here raises into the script: a fault is recorded, the counting
 stops, and the script's call goes on as it would without perfrun.
 """
@@ -151,6 +163,7 @@ class FlopCounter:
         # mode's total when it began: a nested phase's FLOPs move to it.
         self._open: list[tuple[str, int]] = []
         self._mode: Any = None
+        self._undo: Optional[Callable[[], None]] = None
         self._t0 = 0.0
         self._mapping: Optional[dict[Any, Any]] = None
 
@@ -228,12 +241,7 @@ class FlopCounter:
         if self._open:
             self._open.append((name, self._total()))
             return name
-        from torch.utils.flop_counter import FlopCounterMode
-
-        mode = FlopCounterMode(display=False, custom_mapping=self._mapping)
-        if hasattr(mode, "mod_tracker"):
-            mode.mod_tracker = _Flat()
-        mode.__enter__()
+        mode, self._undo = counting_mode(self._mapping)
         self._mode = mode
         self._open.append((name, 0))
         self._t0 = perf_counter()
@@ -254,7 +262,10 @@ class FlopCounter:
                 return
             mode, self._mode = self._mode, None
             self.seconds += perf_counter() - self._t0
-            mode.__exit__(None, None, None)
+            try:
+                mode.__exit__(None, None, None)
+            finally:
+                self._restore()
             self.counts[name] += total
             self.calls[name] += 1
             for op, flops in (mode.get_flop_counts().get("Global") or {}).items():
@@ -276,7 +287,13 @@ class FlopCounter:
                 mode.__exit__(None, None, None)
             except Exception:
                 pass
+        self._restore()
         self._give_up(f"perfrun's counter failed ({type(exc).__name__})")
+
+    def _restore(self) -> None:
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
 
     def _note_dtype(self, module: Any) -> None:
         """The dtype the step computes in: autocast's where it is on for the
@@ -354,6 +371,54 @@ class FlopCounter:
             "seconds": round(self.seconds, 6),
             "notes": notes,
         }
+
+
+#: The attribute on a function that `torch._disable_dynamo`'s wrapper
+#: calls instead, once it has made it (torch/_compile.py).
+_DISABLED = "__dynamo_disable"
+
+
+def counting_mode(mapping: Optional[dict[Any, Any]]) -> tuple[Any, Optional[Callable[[], None]]]:
+    """A FlopCounterMode with `mapping`, entered, and what undoes the one
+    change made for it (None if none): where Dynamo is not imported, its
+    dispatch wrapper handed the plain function, so that the first op does
+    not import Dynamo (see the module's docstring). Raises what torch
+    raises."""
+    from torch.utils import flop_counter as fc
+
+    undo = None
+    if "torch._dynamo" not in sys.modules:
+        undo = _skip_dynamo_import(getattr(fc, "_FlopCounterMode", None) or fc.FlopCounterMode)
+    try:
+        mode = fc.FlopCounterMode(display=False, custom_mapping=mapping)
+        if hasattr(mode, "mod_tracker"):
+            mode.mod_tracker = _Flat()
+        mode.__enter__()
+    except BaseException:
+        if undo is not None:
+            undo()
+        raise
+    return mode, undo
+
+
+def _skip_dynamo_import(cls: Any) -> Optional[Callable[[], None]]:
+    """Give `cls.__torch_dispatch__`'s `torch._disable_dynamo` wrapper its
+    plain function as the one to call, so its first call imports nothing;
+    returns what takes that back, or None where the wrapper is not there
+    (an older torch) or was made already."""
+    wrapper = cls.__dict__.get("__torch_dispatch__")
+    plain = getattr(wrapper, "__wrapped__", None)
+    if plain is None or plain is wrapper or not hasattr(plain, "__dict__"):
+        return None
+    if getattr(plain, _DISABLED, None) is not None:
+        return None
+    setattr(plain, _DISABLED, plain)
+
+    def undo() -> None:
+        if plain.__dict__.get(_DISABLED) is plain:
+            delattr(plain, _DISABLED)
+
+    return undo
 
 
 def tf32_allowed(torch: Any) -> Optional[bool]:

@@ -92,14 +92,19 @@ class HookState:
     outermost module call next asks the RootFinder whether to search (every
     call while a search runs)."""
 
-    __slots__ = ("block", "main_thread", "backward", "due", "flops")
+    __slots__ = ("block", "main_thread", "backward", "due", "flops", "steps_off")
 
     def __init__(self) -> None:
         self.block = 0
         # The FLOP counter (flops.py), set only during the one step it
         # counts: forward, backward and optimizer.step hand it their call.
         self.flops: Any = None
+        # The thread whose calls are timed: the one that runs the script,
+        # until another trains first (install's `train_here`).
         self.main_thread = threading.get_ident()
+        # Optimizer steps the script made with every hook switched off:
+        # after --stop-after's stop, steps a script that caught it made.
+        self.steps_off = 0
         # Open backward calls: module forwards run inside one are
         # recomputation (activation checkpointing), not forward.
         self.backward = 0
@@ -352,21 +357,75 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     skip_frame(timed_closure(_never, [False]))
 
+    # The thread timed, once one other than the script's main thread
+    # trained first (the last such thread); whether the main thread had
+    # trained when another first stepped; the first other thread whose
+    # steps were not timed.
+    timed: list[threading.Thread] = []
+    main_trained: list[bool] = []
     other_threads: list[str] = []
+    # Each other thread's last DataLoader iterator, (loader, iterator,
+    # gradients on), weakly: timed from the moment its thread turns out to
+    # be the one that trains.
+    made_elsewhere: dict[int, tuple[Any, Any, bool]] = {}
+
+    def elsewhere() -> None:
+        """An optimizer step on a thread whose calls are not timed. While no
+        thread is training (the script's main thread has trained nothing:
+        no backward or optimizer step; or the thread timed since has
+        ended), the loop runs on this thread (a script that trains on a
+        thread of its own, the main one only waiting for it): from now on
+        this thread's calls are timed, and no other's. No timed call pays
+        for the test: every wrapper reads `main` as it did, only its value
+        changes. Otherwise these steps are not timed (two threads' calls
+        would interleave in one step), and that is said, for the first
+        such thread only (a script may start many)."""
+        nonlocal main
+        current = threading.current_thread()
+        if timed:
+            free = not timed[0].is_alive()
+        elif main_trained:
+            free = False
+        else:
+            clock.drain()
+            free = not clock.tracker.training_seen
+            if not free:
+                main_trained.append(True)
+        if free:
+            first = not timed
+            timed[:] = [current]
+            main = state.main_thread = get_ident()
+            finder.train_here(main)
+            finder.search()
+            if first:
+                note_once(thread_trained_note(current.name))
+            made = made_elsewhere.pop(main, None)
+            if made is not None:
+                loader, it = made[0](), made[1]()
+                if loader is not None and it is not None:
+                    iterated.add(loader)
+                    stages = note_loader(loader, made[2])
+                    if stages is not None and attach_iterator is not None:
+                        attach_iterator(stages, it)
+            return
+        if not other_threads:
+            other_threads.append(current.name)
+            note_once(thread_note(current.name, timed[0].name if timed else None))
 
     def make_step(orig: Callable) -> Callable:
         def step(*args: Any, **kwargs: Any) -> Any:
-            if compiling() or state.block >= OFF:
+            if compiling():
+                return orig(*args, **kwargs)
+            if state.block >= OFF:
+                # Every hook off: the run's end, or --stop-after's stop, which
+                # a script that catches SystemExit may have trained on past.
+                state.steps_off += 1
                 return orig(*args, **kwargs)
             if get_ident() != main:
-                # Training on a thread of its own: not timed, but said (for
-                # the first such thread only: a script may start many).
-                if not other_threads:
-                    try:
-                        other_threads.append(threading.current_thread().name)
-                        note_once(thread_note(other_threads[0]))
-                    except Exception as exc:
-                        fault("optimizer.step", exc)
+                try:
+                    elsewhere()
+                except Exception as exc:
+                    fault("optimizer.step", exc)
                 return orig(*args, **kwargs)
             live = None
             try:
@@ -516,8 +575,16 @@ def install(torch: Any, agent: Any) -> list[tuple[Any, str, Any]]:
 
     def make_iter(orig_iter: Callable) -> Callable:
         def __iter__(self: Any) -> Any:
-            if compiling() or state.block >= OFF or get_ident() != main:
+            if compiling() or state.block >= OFF:
                 return orig_iter(self)
+            if get_ident() != main:
+                it = orig_iter(self)
+                try:
+                    made_elsewhere[get_ident()] = (weakref.ref(self), weakref.ref(it),
+                                                   is_grad_enabled())
+                except Exception as exc:
+                    fault("dataloader.__iter__", exc)
+                return it
             stages = None
             try:
                 stages = note_loader(self, is_grad_enabled())
@@ -682,6 +749,14 @@ class RootFinder:
         module_call = self.module_call
         adopt = self.adopt
 
+        def train_here(ident: int) -> None:
+            nonlocal main
+            main = ident
+
+        #: The thread whose depth-0 calls name roots, from now on (install's
+        #: `elsewhere`): read as the wrapper reads it, at no cost per call.
+        self.train_here = train_here
+
         def __call__(*args: Any, **kwargs: Any) -> Any:
             if compiling():
                 return module_call(*args, **kwargs)
@@ -794,15 +869,35 @@ class RootFinder:
         return True
 
 
-def thread_note(thread: str) -> str:
+def thread_note(thread: str, timed: Optional[str] = None) -> str:
     """What the report says when optimizer steps run on a thread other than
-    the one that runs the script: perfrun times that one thread (another
-    thread's calls would interleave with its steps), so a script that
-    trains on a thread of its own would say "no training loop was seen"
-    and not why."""
+    the one whose steps perfrun times (`timed`: that thread, when it is not
+    the script's main thread): perfrun times one thread (another thread's
+    calls would interleave with its steps), so these steps are not in the
+    results, and the report says where they ran rather than leave them
+    unmentioned."""
+    if timed is None:
+        return (
+            f"optimizer steps ran on a thread other than the script's main thread ({thread}): "
+            "perfrun times the steps of the main thread only, so those are not in these "
+            "results"
+        )
     return (
-        f"optimizer steps ran on a thread other than the script's main thread ({thread}): "
-        "perfrun times the steps of the main thread only, so those are not in these results"
+        f"optimizer steps ran on a thread other than the one whose steps perfrun times "
+        f"({timed}): {thread}; perfrun times one thread's steps, so those are not in these "
+        "results"
+    )
+
+
+def thread_trained_note(thread: str) -> str:
+    """What the report says when the script trains on a thread of its own:
+    that thread's steps are the ones timed, from the step after its first
+    optimizer step (the one that showed which thread trains, whose forward
+    and backward had already run untimed)."""
+    return (
+        f"the training loop ran on a thread of the script's ({thread}), not its main thread: "
+        "perfrun times that thread's steps, from its second optimizer step on (the first "
+        "showed which thread trains)"
     )
 
 

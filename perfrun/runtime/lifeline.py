@@ -85,20 +85,77 @@ def ended_status(last: Optional[BaseException], exit: dict[str, Any]) -> str:
     uncaught exception, if any). An uncaught KeyboardInterrupt (Ctrl-C, or
     torchrun passing SIGINT on to its workers) makes Python end by SIGINT
     once the exit handlers ran: the rank was signalled, not finished, and
-    `exit` is told by which signal. Any other exception keeps "finished",
-    the status the report reads `exit.exception` under ("raised X")."""
-    if isinstance(last, KeyboardInterrupt):
+    `exit` is told by which signal. A KeyboardInterrupt the script raised
+    itself (`raise KeyboardInterrupt`, no signal) ends Python the same way,
+    but nothing killed the rank: it raised, as for any other exception,
+    which keeps "finished", the status the report reads `exit.exception`
+    under ("raised X")."""
+    if isinstance(last, KeyboardInterrupt) and not raised_by_script(last):
         if exit.get("signal") is None:
             exit["signal"] = int(signal.SIGINT)
         return "signalled"
     return "finished"
 
 
-def say_unsaved(exc: BaseException) -> None:
+def raised_by_script(exc: BaseException) -> bool:
+    """Whether `exc` came from a `raise` statement of the script's rather
+    than from a signal. Python's SIGINT handler raises KeyboardInterrupt
+    from C, wherever the interpreter next checks for signals (a call, a
+    loop's jump back, a blocking call it interrupts), never at a `raise`;
+    so the innermost frame of its traceback stands at a RAISE_VARARGS
+    instruction only when Python code raised it, unless that code is the
+    script's own SIGINT handler, called with the signal's number and a
+    frame (the signal's, then). An exception raised
+    while handling a signal's KeyboardInterrupt (`raise KeyboardInterrupt
+    from exc` in an `except`) is the signal's too. Without a traceback
+    it cannot be told: not the script's."""
+    import opcode
+
+    raise_op = opcode.opmap.get("RAISE_VARARGS")
+    seen = 0
+    while exc is not None and seen < 8:
+        seen += 1
+        tb = exc.__traceback__
+        if tb is None:
+            return False
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        code = tb.tb_frame.f_code
+        lasti = tb.tb_lasti
+        if not (0 <= lasti < len(code.co_code) and code.co_code[lasti] == raise_op):
+            return False
+        if _signal_handler_frame(tb.tb_frame):
+            return False
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        if not isinstance(exc, KeyboardInterrupt):
+            return True
+    return True
+
+
+def _signal_handler_frame(frame: Any) -> bool:
+    """Whether `frame` is a call of a signal handler with SIGINT: a function
+    (or method) whose last two arguments are the signal's number and the
+    frame it interrupted."""
+    code = frame.f_code
+    if code.co_argcount not in (2, 3):
+        return False
+    try:
+        names = code.co_varnames[code.co_argcount - 2:code.co_argcount]
+        first, second = (frame.f_locals.get(name) for name in names)
+    except Exception:
+        return False
+    return (type(first) is int and first == signal.SIGINT
+            and (second is None or type(second).__name__ == "frame"))
+
+
+def say_unsaved(exc: BaseException, lost: int = 0, ran: int = 0) -> None:
     """The one line a rank prints when its save at exit fails: never a
     traceback, and never an exception out of the exit path that would
-    change how the script ends."""
+    change how the script ends. `lost` of the `ran` steps the rank ran are
+    not in its step file: said, since no file of the run can say it now."""
     try:
-        sys.stderr.write(f"perfrun: could not save results: {exc}\n")
+        tail = (f" ({lost:,} of the {ran:,} steps that ran are not saved)"
+                if lost > 0 and ran >= lost else "")
+        sys.stderr.write(f"perfrun: could not save results: {exc}{tail}\n")
     except Exception:
         pass

@@ -27,7 +27,14 @@ from types import TracebackType
 from typing import Any, Callable, Optional
 
 from ..store.layout import descendant_settings_path, rank_filename
-from ..store.rankfile import env_int, environment, rank_document, rank_identity, write_rank_file
+from ..store.rankfile import (
+    PROFILING_DISABLED,
+    env_int,
+    environment,
+    rank_document,
+    rank_identity,
+    write_rank_file,
+)
 from .importwatch import ImportWatcher
 from .lifeline import AGENT_PID_VAR, die_with, ended_status, say_unsaved
 
@@ -44,6 +51,9 @@ class Boot:
         self.pid = os.getpid()
         self.agent: Any = None
         self.done = False
+        # Why the agent could not start when the script imported torch (a
+        # full disk): the script trains on unseen, and the last save says so.
+        self.disabled: Optional[str] = None
 
     def start(self) -> None:
         self._tie_to_owner()
@@ -80,8 +90,9 @@ class Boot:
             self.agent = agent.start(self.payload, self.t0, self.t0_unix)
             self.agent._on_torch(torch)
         except Exception as exc:  # profiling off; the script goes on
+            self.disabled = f"{type(exc).__name__}: {exc}"[:300]
             try:
-                sys.stderr.write(f"perfrun: profiling disabled: {type(exc).__name__}: {exc}\n")
+                sys.stderr.write(f"perfrun: profiling disabled: {self.disabled}\n")
             except Exception:
                 pass
 
@@ -164,6 +175,9 @@ class Boot:
              if k not in ("pythonpath", "boot_dir", "package_root", "package_root_used",
                           "command")},
             window=self.payload.get("scheduler"),
+            **({"torch_imported": True,
+                "faults": [{"where": PROFILING_DISABLED, "count": 1, "error": self.disabled}]}
+               if self.disabled is not None else {}),
         )
         write_rank_file(self.path, doc)
 

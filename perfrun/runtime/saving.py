@@ -228,6 +228,7 @@ class Saving:
                     "calls": self._flushes[0],
                     "time": round(self._flushes[1], 6),
                     "max": round(self._flushes[2], 6),
+                    "gap": round(self._flushes[4], 6),
                     "thread_cpu": round(self._flush_cpu, 6),
                     "replayed": round(self._replayed_to(), 6),
                     "bytes": writer.bytes if writer is not None else 0,
@@ -346,6 +347,9 @@ class Saving:
             write_rank_file(self.path, self.document(), durable=final)
             took = perf_counter() - began
             flushes = self._flushes
+            if flushes[3] is not None and began - flushes[3] > flushes[4]:
+                flushes[4] = began - flushes[3]
+            flushes[3] = began
             flushes[0] += 1
             flushes[1] += took
             if took > flushes[2]:

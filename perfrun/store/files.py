@@ -152,34 +152,52 @@ class Reserve:
     start and deletes it just before its final save, which then has that
     room. Best effort: where the space cannot be set aside (a disk full
     already, a file system that does not allocate), there is no reserve
-    and nothing else changes."""
+    and nothing else changes. A disk too full for `size` bytes may still
+    have `least` (a disk nearly full from the start): enough for a last
+    record without its steps, which says how many steps were not saved."""
 
-    def __init__(self, path: str, size: int) -> None:
+    def __init__(self, path: str, size: int, least: Optional[int] = None) -> None:
         self.path: Optional[str] = None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         except OSError:
             return
+        sizes = [size] + ([least] if least is not None and 0 < least < size else [])
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno in FULL:
-                    raise
-                _write_zeros(fd, size)  # no fallocate on this file system
-            except AttributeError:
-                _write_zeros(fd, size)
-            self.path = path
+            for n in sizes:
+                try:
+                    _hold(fd, n)
+                    self.path = path
+                    break
+                except OSError as exc:
+                    if exc.errno not in FULL:
+                        break
+                    os.ftruncate(fd, 0)
         except OSError:
-            _unlink(path)
+            pass
         finally:
             os.close(fd)
+        if self.path is None:
+            _unlink(path)
 
     def release(self) -> None:
         """Give the space back (before the final save, or at the end)."""
         path, self.path = self.path, None
         if path is not None:
             _unlink(path)
+
+
+def _hold(fd: int, size: int) -> None:
+    """Allocate `size` bytes to the file (zeros written where the file
+    system has no fallocate)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in FULL:
+            raise
+        _write_zeros(fd, size)  # no fallocate on this file system
+    except AttributeError:
+        _write_zeros(fd, size)
 
 
 def _write_zeros(fd: int, size: int) -> None:

@@ -70,6 +70,10 @@ from .stepfile import (
 
 FORMAT = "perfrun-results"
 VERSION = 2
+#: The fault (`faults[].where`) of a rank whose profiling could not start
+#: when the script imported torch (runtime/lite.py): the script trained on
+#: unseen, which the report says rather than "no training loop".
+PROFILING_DISABLED = "profiling"
 
 
 # -- spec ------------------------------------------------------------------------------
@@ -295,8 +299,10 @@ RANK_FILE = Obj({
         "eval": _COUNTED,
         "profiler": _COUNTED,
         # perfrun's own saves before this one (format 2): count, seconds in
-        # all, the longest one, and the bytes of the step file.
-        "flush": Obj({"calls": INT, "time": NUMBER, "max": NUMBER, "bytes": INT}),
+        # all, the longest one, and the bytes of the step file; the longest
+        # time from one save's start to the next's (absent in older files).
+        "flush": Obj({"calls": INT, "time": NUMBER, "max": NUMBER, "bytes": INT,
+                      "gap": NUMBER}),
     }),
     "dataloaders": ListOf(OBJ),
     # FLOPs of one step (runtime/flops.py); absent in older files, null

@@ -5,6 +5,7 @@ loop needs; the tests take perfrun's word for how many, and time it.
 
     python data_decode.py [--steps N] [--workers N] [--context spawn]
                           [--slow-worker ID] [--work K] [--read-us U]
+    python data_decode.py --take-turns N,N... [--turns T] [--steps N] ...
 
 --read-us waits U microseconds a sample before decoding it: the image read
 from a network file system rather than from memory.
@@ -15,6 +16,12 @@ steps, the first ones left out); without workers, `GETITEM <ms> COLLATE
 stopwatch (the dataset's: from its batch's first `__getitem__` to the
 collate; the first batch left out); with workers, `WORKER <id> <pid>` as
 each starts; and `done`.
+
+--take-turns times several numbers of workers in one process, an epoch of N
+steps each in turn, T epochs each (3 by default): whatever else runs on the
+machine, each version's epochs see the same load, where one process per
+version would each see their own. Prints `TURN <workers> STEP <median ms>
+FETCH <median ms>` for each, over its epochs' steps from the 10th on.
 """
 
 from __future__ import annotations
@@ -103,6 +110,8 @@ def main() -> None:
     parser.add_argument("--slow-worker", type=int, default=-1)
     parser.add_argument("--work", type=int, default=50)
     parser.add_argument("--read-us", type=float, default=0.0)
+    parser.add_argument("--take-turns", default=None)
+    parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -110,29 +119,53 @@ def main() -> None:
     data = CompressedImages(batch * (args.steps + 2), args.work, args.slow_worker,
                             args.read_us * 1e-6)
     collate = TimedCollate(data)
-    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
-                        num_workers=args.workers, multiprocessing_context=args.context,
-                        collate_fn=collate, worker_init_fn=announce if args.workers else None)
+
+    def loader(workers: int) -> DataLoader:
+        return DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
+                          num_workers=workers, multiprocessing_context=args.context,
+                          collate_fn=collate, worker_init_fn=announce if workers else None)
+
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Linear(8 * 16 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    steps: list[float] = []
-    fetches: list[float] = []
-    t_end = time.perf_counter()
-    for images, labels in loader:
-        t_fetched = time.perf_counter()
-        optimizer.zero_grad()
-        loss = loss_fn(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        now = time.perf_counter()
-        steps.append(now - t_end)
-        fetches.append(t_fetched - t_end)
-        t_end = now
-    kept = slice(min(10, len(steps) // 3), None)
-    print(f"STEP {statistics.median(steps[kept]) * 1e3:.4f} "
-          f"FETCH {statistics.median(fetches[kept]) * 1e3:.4f}")
+
+    def epoch(train: DataLoader) -> tuple[list[float], list[float]]:
+        """One pass over `train`: each step's time and its fetch's, the
+        first steps left out."""
+        steps: list[float] = []
+        fetches: list[float] = []
+        t_end = time.perf_counter()
+        for images, labels in train:
+            t_fetched = time.perf_counter()
+            optimizer.zero_grad()
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            now = time.perf_counter()
+            steps.append(now - t_end)
+            fetches.append(t_fetched - t_end)
+            t_end = now
+        kept = slice(min(10, len(steps) // 3), None)
+        return steps[kept], fetches[kept]
+
+    if args.take_turns:
+        versions = [int(w) for w in args.take_turns.split(",")]
+        loaders = [loader(w) for w in versions]
+        seen: list[tuple[list[float], list[float]]] = [([], []) for _ in versions]
+        for _ in range(args.turns):
+            for i, train in enumerate(loaders):
+                steps, fetches = epoch(train)
+                seen[i][0].extend(steps)
+                seen[i][1].extend(fetches)
+        for w, (steps, fetches) in zip(versions, seen):
+            print(f"TURN {w} STEP {statistics.median(steps) * 1e3:.4f} "
+                  f"FETCH {statistics.median(fetches) * 1e3:.4f}")
+        print("done")
+        return
+    steps, fetches = epoch(loader(args.workers))
+    print(f"STEP {statistics.median(steps) * 1e3:.4f} "
+          f"FETCH {statistics.median(fetches) * 1e3:.4f}")
     if collate.batches[1:]:  # made in this process
         made = collate.batches[1:]
         print(f"GETITEM {sum(b[0] for b in made) / len(made) * 1e3:.4f} "

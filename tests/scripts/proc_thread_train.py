@@ -1,23 +1,35 @@
-"""Trains on a thread of its own; the main thread only starts and joins it."""
+"""Trains on a thread of its own; the main thread only starts and joins it.
 
+    proc_thread_train.py [--steps N]
+"""
+
+import argparse
 import threading
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
-def train() -> None:
+def train(steps: int) -> None:
     torch.manual_seed(0)
+    x = torch.randn(steps * 8, 4)
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(5):
+    trained = 0
+    for xb, yb in loader:
         optimizer.zero_grad()
-        model(torch.randn(8, 4)).sum().backward()
+        nn.functional.mse_loss(model(xb), yb).backward()
         optimizer.step()
-    print("trained on a thread", flush=True)
+        trained += 1
+    print(f"trained on a thread: {trained} steps", flush=True)
 
 
 if __name__ == "__main__":
-    thread = threading.Thread(target=train, name="trainer")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    thread = threading.Thread(target=train, args=(args.steps,), name="trainer")
     thread.start()
     thread.join()
