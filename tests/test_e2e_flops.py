@@ -133,3 +133,24 @@ def test_a_compiled_model_is_not_counted_and_not_recompiled(
     report = run.report()
     assert report["flops"]["reason"].startswith("compiled module")
     assert run.rank0().data["faults"] == []
+
+
+def test_a_recurrent_model_counts_its_lstm(run_perfrun: RunPerfrun) -> None:
+    """The shape of pytorch/examples' mnist_rnn: the LSTM is nearly all of
+    the step's FLOPs, and runs as oneDNN's fused layer, which torch's
+    counter alone counts 0 (the figure was 280 times too low)."""
+    script = str(Path(__file__).parent / "scripts" / "mnist_rnn.py")
+    batch = 64
+    run = run_perfrun(script, "--batch-size", str(batch), "--steps", "12")
+    assert run.returncode == 0, run.describe()
+    flops = run.rank0().data["flops"]
+    assert run.rank0().data["faults"] == [], run.rank0().data["faults"]
+    assert flops["counted"], flops
+    # 28 time steps of 64 images through the LSTM's two weight matrices,
+    # then fc1 and fc2 on the last state.
+    lstm = 2 * batch * 28 * (4 * 64 * 28 + 4 * 64 * 64)
+    linear = 2 * batch * (64 * 32 + 32 * 10)
+    assert flops["forward"] == lstm + linear
+    # The LSTM's backward two of its forward; fc1's and fc2's weights and
+    # inputs.
+    assert flops["backward"] == 2 * lstm + 2 * linear

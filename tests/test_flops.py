@@ -549,3 +549,54 @@ def test_options_reach_the_settings() -> None:
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(SettingsError, match="--peak-tflops"):
             Settings(peak_tflops=bad).validate()
+
+
+# -- recurrent layers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers, bidirectional", [(1, False), (2, False), (2, True)],
+                         ids=["one-layer", "two-layers", "bidirectional"])
+def test_a_fused_lstm_counts_what_the_unfused_one_does(layers: int, bidirectional: bool) -> None:
+    """oneDNN's fused LSTM layer (what nn.LSTM runs on CPU) counts as the
+    same LSTM run as matmuls (oneDNN off: torch's own formulas count each
+    gate's matmul): the independent figure. torch alone counts the fused
+    one 0."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(28, 64, num_layers=layers, bidirectional=bidirectional, batch_first=True)
+    x = torch.randn(8, 28, 28, requires_grad=True)
+
+    def run() -> torch.Tensor:
+        return lstm(x)[0]
+
+    fused = forward_backward(run)
+    with torch.backends.mkldnn.flags(enabled=False):
+        unfused = forward_backward(run)
+    dirs = 2 if bidirectional else 1
+    first = 2 * 8 * 28 * dirs * (4 * 64 * 28 + 4 * 64 * 64)
+    later = 2 * 8 * 28 * dirs * (4 * 64 * 64 * dirs + 4 * 64 * 64) * (layers - 1)
+    assert fused[0] == unfused[0] == first + later
+    # Backward: two matmuls of the forward's each; the unfused layer skips
+    # one, the gradient of the zero initial state, which needs none (one
+    # hidden-to-gates matmul a layer and direction, about 1% here).
+    assert fused[1] == 2 * (first + later)
+    assert fused[1] - unfused[1] == layers * dirs * 2 * 8 * 4 * 64 * 64
+    with FlopCounterMode(display=False) as plain:
+        run()
+    assert plain.get_total_flops() == 0  # why perfrun supplies the formula
+
+
+def test_cudnns_recurrent_op_is_read_by_its_schema() -> None:
+    """cuDNN's op (every recurrent layer on CUDA) takes the input, then the
+    list of every layer's weights, 2-D matrices and 1-D biases: the formula
+    counts the matrices. Called here with tensors in the schema's order (no
+    GPU in this suite)."""
+    formula = custom_mapping(torch)[torch.ops.aten._cudnn_rnn]
+    h, i, t, b = 32, 16, 10, 4
+    weights = [torch.empty(4 * h, i), torch.empty(4 * h, h), torch.empty(4 * h),
+               torch.empty(4 * h), torch.empty(4 * h, h), torch.empty(4 * h, h),
+               torch.empty(4 * h), torch.empty(4 * h)]
+    x = torch.empty(t, b, i)
+    assert formula(x, weights, 4, None, torch.empty(2, b, h)) == \
+        2 * t * b * (4 * h * i + 3 * 4 * h * h)
+    backward = custom_mapping(torch)[torch.ops.aten._cudnn_rnn_backward]
+    assert backward(x, weights) == 2 * formula(x, weights)

@@ -39,6 +39,14 @@ Where torch's counter is wrong, and what is done here:
   times the work done. A matmul (mm, addmm, and torch's sparse variants)
   with a sparse operand is counted by its non-zeros here, and a note says
   how many there were.
+* Recurrent layers: an LSTM on CPU runs oneDNN's fused layer
+  (`aten.mkldnn_rnn_layer`), and on CUDA every LSTM, GRU and RNN runs
+  cuDNN's (`aten._cudnn_rnn`); torch's registry knows neither, so a
+  recurrent model counted 0. Their formulas are supplied here: 2 FLOPs per
+  weight per time step per sequence (4 in backward), what the same layer
+  counts run as matmuls (checked on CPU against the unfused layer in
+  tests/test_flops.py; the cuDNN op is read by its schema, not yet run on
+  a GPU).
 * The optimizer: its arithmetic is elementwise (`_foreach_*`, `addcdiv`),
   which the counter does not count, so its figure is usually 0.
 * torch.compile: inside a compiled region Dynamo skips (runs eagerly) a
@@ -565,6 +573,42 @@ def custom_mapping(torch: Any, counter: Optional[FlopCounter] = None) -> dict[An
 
         count._get_raw = True  # type: ignore[attr-defined]
         return count
+
+    def recurrent(first_weight: int, backward: bool) -> Callable[..., int]:
+        """A fused recurrent layer (LSTM, GRU, RNN): at each time step of
+        each sequence, a matmul with each of its weight matrices (input to
+        gates, hidden to gates, the projection), 2 FLOPs a weight; its
+        backward two such (the input's and the weights' gradients), as for
+        a matmul. The gates' elementwise arithmetic is not counted, as
+        torch counts none. Rows: time steps x batch, or the packed
+        sequence's rows (the input's leading dimensions either way)."""
+
+        def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            try:
+                x = args[0]
+                rows = x.numel() // max(1, int(x.shape[-1]))
+                given = args[first_weight]
+                weights = given if isinstance(given, (list, tuple)) else \
+                    args[first_weight:first_weight + 2]
+                per_row = sum(int(w.numel()) for w in weights if w is not None and w.dim() == 2)
+                return (4 if backward else 2) * rows * per_row
+            except Exception as exc:
+                return failed(exc)
+
+        count._get_raw = True  # type: ignore[attr-defined]
+        return count
+
+    # LSTM on CPU runs oneDNN's fused layer (GRU and RNN run matmuls torch
+    # counts); every recurrent layer on CUDA runs cuDNN's. torch's registry
+    # has neither: an LSTM's step counted 0 (a recurrent model, 280 times
+    # too low). (mkldnn: input, w_ih, w_hh, ...; its backward the same
+    # order; cuDNN: input, then the list of every layer's weights.)
+    for name, first, backward in (("mkldnn_rnn_layer", 1, False),
+                                  ("mkldnn_rnn_layer_backward", 1, True),
+                                  ("_cudnn_rnn", 1, False), ("_cudnn_rnn_backward", 1, True)):
+        packet = getattr(aten, name, None)
+        if packet is not None and packet not in fc.flop_registry:
+            mapping[packet] = recurrent(first, backward)
 
     forward_ops = ("_scaled_dot_product_flash_attention_for_cpu",
                    "_scaled_dot_product_flash_attention",
