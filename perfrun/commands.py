@@ -298,17 +298,28 @@ def run_and_report(settings: Settings, command_line: Optional[list[str]] = None)
         sys.setswitchinterval(interval)
 
 
+#: The longest the report waits for the warming thread, seconds (it only
+#: imports; past this the report imports what is left itself).
+WARM_WAIT = 120.0
 #: The launcher's GIL switch interval while a run goes (run_and_report).
 SWITCH_INTERVAL = 1e-4
 
 
 def _run_and_report(settings: Settings, command_line: Optional[list[str]]) -> int:
-    warm_report()
+    warming = warm_report()
     try:
         outcome = api.run(settings, command_line)
     except LaunchError as exc:
         say(f"error: {exc}")
         return int(exc.code)
+    # The report imports what the warming thread may still be importing:
+    # two threads importing a package and its modules in opposite orders
+    # can each wait for the other's module lock, and Python then raises
+    # _DeadlockError in one of them (seen once, on a short run, in
+    # perfrun.report.table). Waiting for the thread costs nothing the
+    # report would not pay itself.
+    if warming is not None:
+        warming.join(WARM_WAIT)
     returncode = outcome.returncode
     task = outcome.task
     if task is not None and task.rank != 0:

@@ -432,3 +432,25 @@ def test_the_task_starter_is_the_nearest_launcher_daemon_above() -> None:
     parents.update({30: 10, 31: 30, 32: 31})
     names.update({30: "orted", 31: "perfrun", 32: "python3"})
     assert hostload.task_starter(parents, names, 31) == 30
+
+
+def test_the_report_waits_for_the_warming_thread_before_it_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The report is built only once the thread that imports its modules
+    during the run has finished: two threads importing the same package in
+    opposite orders can deadlock on Python's module locks."""
+    events: list[str] = []
+
+    class Warming:
+        def join(self, timeout: float) -> None:
+            events.append(f"joined within {timeout:g} s")
+
+    monkeypatch.setattr(commands, "warm_report", Warming)
+    monkeypatch.setattr(commands.api, "run", lambda s, c: _outcome(_task(SRUN_TASK0), 0))
+    monkeypatch.setattr(commands, "show_report",
+                        lambda run_dir, *a, **k: events.append("report"))
+    monkeypatch.setattr(commands, "send_to_trackers", lambda *a: None)
+    monkeypatch.setattr(commands, "write_report_html", lambda *a: None)
+    assert commands._run_and_report(Settings(script="train.py"), None) == 0
+    assert events == [f"joined within {commands.WARM_WAIT:g} s", "report"]
